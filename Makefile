@@ -1,0 +1,50 @@
+# Two commands: `make serve` runs the real thing, `make test` checks it.
+# Everything below is incremental: a second run reuses the venv and the exported models.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CLASSIFIER_ONNX := model_repository/classifier/1/model.onnx
+HOST ?= 127.0.0.1
+
+.PHONY: serve test lint format models venv clean samples
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# Re-exported when the network, the export code or the pinned packages change.
+$(CLASSIFIER_ONNX): $(STAMP) pipelines/efficientnet_lite.py pipelines/classification.py \
+		pipelines/image.py pipelines/samples.py pipelines/onnx_runner.py \
+		export/__main__.py export/onnx_export.py export/efficientnet_lite0.py
+	$(PY) -m export efficientnet_lite0 --output $@
+
+models: $(CLASSIFIER_ONNX)
+
+serve: models
+	$(PY) -m server --host $(HOST)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint models
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+samples: $(STAMP)
+	$(PY) -m client samples samples/
+
+clean:
+	rm -f $(CLASSIFIER_ONNX)
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""PyTorch → ONNX export with parity checks; artifacts land in model_repository/<model>/<version>/."""

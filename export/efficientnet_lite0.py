@@ -1,0 +1,72 @@
+"""Export EfficientNet-Lite0 (ImageNet weights) to the classifier's ONNX model and check parity."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export import onnx_export
+from pipelines import classification as spec
+from pipelines import efficientnet_lite, image, onnx_runner, samples
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT = Path("model_repository") / spec.CLASSIFIER / "1" / "model.onnx"
+# fp32 vs fp32 on logits of magnitude ~10-20: the observed gap is ~1e-5, so 1e-4 still catches
+# any real graph or weight mismatch (a wrong padding or BN epsilon moves logits by > 0.1).
+FP32_ATOL = 1e-4
+
+
+def photos_batch() -> np.ndarray:
+    """Every sample photo, JPEG-encoded and preprocessed exactly as the server does."""
+    pixels, errors = image.preprocess_batch([samples.photo_bytes(n) for n in samples.PHOTOS])
+    assert not any(errors), errors
+    return pixels
+
+
+def check_parity(
+    model: torch.nn.Module, onnx_path: Path, pixels: np.ndarray, atol: float = FP32_ATOL
+) -> onnx_export.Parity:
+    """Run PyTorch and onnxruntime on the same photos (whole batch and batch 1) and compare.
+
+    Raises:
+        SystemExit: the exported model is outside the tolerance or top-1 disagrees.
+    """
+    with torch.no_grad():
+        expected = model(torch.from_numpy(pixels)).numpy()
+    session = onnx_runner.create_session(onnx_path, intra_op_threads=2)
+    got = onnx_runner.run(session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
+    single = onnx_runner.run(session, {spec.PIXELS: pixels[:1]}, [spec.LOGITS])[0]
+    report = onnx_export.compare(np.concatenate([expected, expected[:1]]), np.concatenate([got, single]))
+    log.info(
+        "parity on %d photos: max |Δlogit| %.3g (tolerance %.0e), top-1 agreement %.0f%%",
+        report.items,
+        report.max_abs_diff,
+        atol,
+        100 * report.top1_agreement,
+    )
+    if not report.ok(atol):
+        raise SystemExit(f"parity check failed: {report} (tolerance {atol})")
+    return report
+
+
+def main(output: Path, opset: int) -> None:
+    """Load the pretrained weights, export with a dynamic batch axis, verify against PyTorch."""
+    model = efficientnet_lite.load_pretrained()
+    log.info("loaded %s (sha256 verified)", efficientnet_lite.weights_path())
+    pixels = photos_batch()
+    with onnx_export.staged(output) as path:
+        onnx_export.export(
+            model,
+            (torch.from_numpy(pixels[:2]),),
+            path,
+            input_names=[spec.PIXELS],
+            output_names=[spec.LOGITS],
+            dynamic_axes={spec.PIXELS: {0: "batch"}, spec.LOGITS: {0: "batch"}},
+            opset=opset,
+        )
+        check_parity(model, path, pixels)
+    log.info("wrote %s", output)

@@ -1,0 +1,35 @@
+"""Triton adapter: encoded images → normalized pixels (pipelines.image does the work)."""
+
+from pipelines import classification as spec
+from pipelines import image
+from pipelines import triton_backend as tb
+
+
+class TritonPythonModel:
+    """Decodes every image of every request in one pass; a bad image fails only its request."""
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        images, sizes, live = [], [], []
+        for request in requests:
+            items = tb.input_array(request, spec.IMAGE).reshape(-1)
+            ok = not request.is_cancelled() and len(items) > 0
+            live.append(ok)
+            sizes.append(len(items) if ok else 0)
+            if ok:
+                images.extend(bytes(item) for item in items)
+        pixels, errors = image.preprocess_batch(images)
+        responses, offset = [], 0
+        for request, ok, n in zip(requests, live, sizes, strict=True):
+            if not ok:
+                empty = not request.is_cancelled()
+                responses.append(tb.error(f"{spec.IMAGE} is empty") if empty else tb.cancelled())
+                continue
+            bad = [(i, e) for i, e in enumerate(errors[offset : offset + n]) if e is not None]
+            if bad:
+                index, exc = bad[0]
+                responses.append(tb.error(f"{spec.IMAGE}[{index}]: {exc}"))
+            else:
+                responses.append(tb.respond({spec.PIXELS: pixels[offset : offset + n]}))
+            offset += n
+        return responses

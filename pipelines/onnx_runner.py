@@ -1,0 +1,35 @@
+"""onnxruntime sessions with an explicit thread budget, shared by the served model and references."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+def create_session(
+    path: Path | str, intra_op_threads: int = 1, inter_op_threads: int = 1
+) -> ort.InferenceSession:
+    """A CPU session whose thread pools are sized explicitly.
+
+    onnxruntime defaults to one thread per core in every session; with several Triton instances
+    (each its own process) on one machine that oversubscribes the cores, so every caller says
+    how many threads it may use.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Spinning threads burn the cores that the other pipeline steps need between batches.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
+) -> list[np.ndarray]:
+    """Run the session on contiguous inputs and return the named outputs in order."""
+    return session.run(list(outputs), {k: np.ascontiguousarray(v) for k, v in feeds.items()})

@@ -1,0 +1,46 @@
+"""Helpers for the Python-backend adapters in model_repository/*/1/model.py.
+
+Imported only inside Triton's Python-backend stub, where ``triton_python_backend_utils`` exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def parameters(args: dict) -> dict[str, str]:
+    """The model config's ``parameters`` as plain strings (from ``initialize``'s args)."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def error(message: str, code: int | None = None) -> pb_utils.InferenceResponse:
+    """A response that fails this request only, with a message naming the problem."""
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def cancelled() -> pb_utils.InferenceResponse:
+    """The response for a request its client cancelled before we started on it."""
+    return error("request cancelled", pb_utils.TritonError.CANCELLED)
+
+
+def respond(outputs: dict[str, np.ndarray]) -> pb_utils.InferenceResponse:
+    """A successful response holding the given named arrays."""
+    tensors = [pb_utils.Tensor(k, np.ascontiguousarray(v)) for k, v in outputs.items()]
+    return pb_utils.InferenceResponse(tensors)
+
+
+def input_array(request: pb_utils.InferenceRequest, name: str) -> np.ndarray | None:
+    """The named input as a numpy array (a view of Triton's buffer), or None if absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def split_rows(batch: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
+    """Cut a concatenated batch back into per-request parts (views, no copies)."""
+    return np.split(batch, np.cumsum(sizes)[:-1])

@@ -1,0 +1,88 @@
+"""Run tritonserver over model_repository/ in the foreground; Ctrl-C stops it cleanly.
+
+Example:
+    python -m server                       # loopback, ports 8000/8001/8002
+    python -m server --host 0.0.0.0 --http-port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from server.launcher import MODEL_REPOSITORY, Server, ServerConfig, ServerStartError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line of the launcher."""
+    p = argparse.ArgumentParser(
+        prog="python -m server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--http-port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument(
+        "--model-config-name",
+        default="auto",
+        help="configs/<name>.pbtxt to use; 'auto' picks local/gpu/default for this machine, "
+        "'' forces config.pbtxt",
+    )
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
+    p.add_argument("extra", nargs="*", help="further tritonserver flags, after --")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = parse_args(argv)
+    config = ServerConfig(
+        model_repository=args.model_repository.resolve(),
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        model_config_name=args.model_config_name or None,
+        log_verbose=args.log_verbose,
+        extra_args=args.extra,
+    )
+    server = Server(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start(timeout=args.timeout)
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"tritonserver ready ({server.installation.binary}, "
+        f"model config: {config.model_config_name or 'config.pbtxt'})\n"
+        f"  HTTP     http://{server.http_url}/v2/models/classify\n"
+        f"  gRPC     {server.grpc_url}\n"
+        f"  metrics  {server.metrics_url}\n"
+        f"  log      {server.log_path}\n"
+        "Ctrl-C stops it.",
+        flush=True,
+    )
+    while not stop.wait(0.5):
+        if server.process.poll() is not None:
+            print(f"tritonserver exited ({server.process.returncode})\n{server.log_tail()}")
+            return 1
+    print("stopping tritonserver ...", flush=True)
+    code = server.stop()
+    print(f"stopped (exit status {code})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
