@@ -35,7 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cls = sub.add_parser("classify", help="top-k ImageNet labels for image files")
     cls.add_argument("images", nargs="+", type=Path, help="image files (JPEG, PNG, WebP, ...)")
     cls.add_argument(
-        "--top-k", type=int, default=None, help=f"classes per image (server default {spec.DEFAULT_TOP_K})"
+        "--top-k",
+        type=int,
+        default=None,
+        help=f"classes per image (server default {spec.DEFAULT_TOP_K})",
     )
     _add_connection_args(cls)
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")

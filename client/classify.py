@@ -71,9 +71,7 @@ def parse(result) -> list[Prediction]:
 class ClassifyClient:
     """Synchronous client (HTTP or gRPC); a context manager that closes its connection."""
 
-    def __init__(
-        self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE
-    ):
+    def __init__(self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE):
         self.protocol = protocol
         self.url = url or connection.default_url(protocol)
         self.model = model
@@ -114,9 +112,7 @@ class ClassifyClient:
 class AsyncClassifyClient:
     """asyncio client (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
 
-    def __init__(
-        self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE
-    ):
+    def __init__(self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE):
         self.protocol = protocol
         self.url = url or connection.default_url(protocol)
         self.model = model
@@ -134,9 +130,7 @@ class AsyncClassifyClient:
                 f"Triton at {self.url} is up but model '{self.model}' is not ready"
             )
 
-    async def classify(
-        self, images: Sequence[bytes], top_k: int | None = None
-    ) -> list[Prediction]:
+    async def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images in one request."""
         inputs = build_inputs(self._mod, images, top_k)
         try:

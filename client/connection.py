@@ -30,7 +30,7 @@ def module(protocol: str, asyncio: bool = False) -> ModuleType:
 
 
 def default_url(protocol: str) -> str:
-    """localhost with Triton's default port for the protocol."""
+    """Localhost with Triton's default port for the protocol."""
     return DEFAULT_URLS[protocol]
 
 

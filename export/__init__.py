@@ -1,1 +1,1 @@
-"""PyTorch → ONNX export with parity checks; artifacts land in model_repository/<model>/<version>/."""
+"""PyTorch → ONNX export with parity checks; writes into model_repository/<model>/<version>/."""

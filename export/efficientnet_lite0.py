@@ -40,7 +40,9 @@ def check_parity(
     session = onnx_runner.create_session(onnx_path, intra_op_threads=2)
     got = onnx_runner.run(session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
     single = onnx_runner.run(session, {spec.PIXELS: pixels[:1]}, [spec.LOGITS])[0]
-    report = onnx_export.compare(np.concatenate([expected, expected[:1]]), np.concatenate([got, single]))
+    report = onnx_export.compare(
+        np.concatenate([expected, expected[:1]]), np.concatenate([got, single])
+    )
     log.info(
         "parity on %d photos: max |Δlogit| %.3g (tolerance %.0e), top-1 agreement %.0f%%",
         report.items,

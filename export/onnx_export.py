@@ -1,4 +1,4 @@
-"""Model-agnostic ONNX steps: export with dynamic axes, graph clean-up, checker, parity vs PyTorch."""
+"""Model-agnostic ONNX steps: export with dynamic axes, clean-up, checker, parity vs PyTorch."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,17 +50,23 @@ def export(
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "raw.onnx"
         # The TorchScript-based exporter: the dynamo path needs onnxscript and gains nothing here.
-        torch.onnx.export(
-            model,
-            example,
-            str(raw),
-            input_names=list(input_names),
-            output_names=list(output_names),
-            dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
-            opset_version=opset,
-            do_constant_folding=True,
-            dynamo=False,
-        )
+        # Its deprecation notice and the "Slice cannot be constant folded" notes (the pads we fold
+        # ourselves below) are expected noise.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+            warnings.filterwarnings("ignore", message=".*Constant folding.*")
+            warnings.filterwarnings("ignore", message=".*feature will be removed.*")
+            torch.onnx.export(
+                model,
+                example,
+                str(raw),
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,
+            )
         proto = onnx.load(str(raw))
         folded = fold_pads_into_convs(proto)
         log.info("folded %d Pad nodes into their Conv", folded)

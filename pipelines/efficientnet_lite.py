@@ -129,7 +129,9 @@ class EfficientNetLite0(nn.Module):
         for stage in STAGES:
             for i in range(stage.repeats):
                 stride = stage.stride if i == 0 else 1
-                blocks.append(MBConv(size, cin, stage.out_channels, stage.kernel, stride, stage.expand))
+                blocks.append(
+                    MBConv(size, cin, stage.out_channels, stage.kernel, stride, stage.expand)
+                )
                 size = math.ceil(size / stride)
                 cin = stage.out_channels
         self._blocks = nn.ModuleList(blocks)

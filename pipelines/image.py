@@ -97,7 +97,9 @@ def center_crop_resize(img: Image.Image, size: int = spec.IMAGE_SIZE) -> np.ndar
     side = spec.CROP_FRACTION * min(width, height)
     left, top = (width - side) / 2, (height - side) / 2
     # One resampling pass from the crop box: no intermediate cropped copy.
-    out = img.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side))
+    out = img.resize(
+        (size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side)
+    )
     return np.asarray(out)
 
 

@@ -1,4 +1,4 @@
-"""onnxruntime sessions with an explicit thread budget, shared by the served model and references."""
+"""onnxruntime sessions with an explicit thread budget, for served models and references."""
 
 from __future__ import annotations
 

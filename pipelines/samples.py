@@ -1,9 +1,9 @@
-"""Real photos shipped with scikit-image and scikit-learn, for parity checks, tests and benchmarks."""
+"""Real photos shipped with scikit-image and scikit-learn, for parity checks, tests, benchmarks."""
 
 from __future__ import annotations
 
 import io
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from PIL import Image
@@ -14,7 +14,7 @@ SKLEARN_PHOTOS = ("china", "flower")
 PHOTOS = SKIMAGE_PHOTOS + SKLEARN_PHOTOS
 
 
-@lru_cache(maxsize=None)
+@cache
 def photo(name: str) -> np.ndarray:
     """A sample photo as uint8 RGB [H, W, 3]."""
     if name in SKIMAGE_PHOTOS:

@@ -41,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _raise_interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -56,14 +60,19 @@ def main(argv: list[str] | None = None) -> int:
         extra_args=args.extra,
     )
     server = Server(config)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    # While starting, SIGTERM acts like Ctrl-C: start() stops the half-started server.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         server.start(timeout=args.timeout)
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted during start-up; server stopped", file=sys.stderr)
+        return 130
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     print(
         f"tritonserver ready ({server.installation.binary}, "
         f"model config: {config.model_config_name or 'config.pbtxt'})\n"
@@ -74,10 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         "Ctrl-C stops it.",
         flush=True,
     )
-    while not stop.wait(0.5):
-        if server.process.poll() is not None:
-            print(f"tritonserver exited ({server.process.returncode})\n{server.log_tail()}")
-            return 1
+    with open(server.log_path, errors="replace") as log_file:
+        log_file.seek(0, 2)  # follow what the server logs from now on (tail -f)
+        while not stop.wait(0.5):
+            sys.stdout.write(log_file.read())
+            sys.stdout.flush()
+            if server.process.poll() is not None:
+                break
+    if server.process.poll() is not None:
+        print(f"tritonserver exited ({server.process.returncode})\n{server.log_tail()}")
+        return 1
     print("stopping tritonserver ...", flush=True)
     code = server.stop()
     print(f"stopped (exit status {code})")

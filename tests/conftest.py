@@ -1,0 +1,36 @@
+"""Shared fixtures: the exported model, sample photos and one real tritonserver per test run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines import classification as spec
+from pipelines import samples
+from server import Server, ServerConfig
+from server.launcher import MODEL_REPOSITORY
+
+CLASSIFIER_ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
+
+
+@pytest.fixture(scope="session")
+def classifier_onnx() -> Path:
+    if not CLASSIFIER_ONNX.exists():
+        pytest.fail(f"{CLASSIFIER_ONNX} is missing: run `make models` (make test does)")
+    return CLASSIFIER_ONNX
+
+
+@pytest.fixture(scope="session")
+def photos() -> dict[str, bytes]:
+    """Every sample photo, JPEG-encoded as a client would send it."""
+    return {name: samples.photo_bytes(name) for name in samples.PHOTOS}
+
+
+@pytest.fixture(scope="session")
+def server(classifier_onnx, tmp_path_factory) -> Server:
+    """One real tritonserver on free loopback ports for the whole run."""
+    log_path = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0)
+    with Server(config, log_path=log_path) as running:
+        yield running

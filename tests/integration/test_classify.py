@@ -1,0 +1,278 @@
+"""The classify ensemble on a real tritonserver, over HTTP and gRPC, sync and asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.classify import AsyncClassifyClient, ClassifyClient
+from client.connection import ClientError, module
+from pipelines import classification as spec
+from pipelines.reference import ReferenceClassifier
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PROTOCOLS = ["http", "grpc"]
+CAT_CLASSES = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
+SCORE_ATOL = 1e-4
+
+
+def url(server, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+@pytest.fixture(scope="module")
+def reference(classifier_onnx) -> ReferenceClassifier:
+    return ReferenceClassifier(classifier_onnx)
+
+
+def assert_matches_reference(predictions, reference, images, top_k=spec.DEFAULT_TOP_K):
+    labels, scores, ids = reference.classify(images, top_k)
+    assert len(predictions) == len(images)
+    for got, want_labels, want_scores, want_ids in zip(
+        predictions, labels, scores, ids, strict=True
+    ):
+        assert got.class_ids == want_ids.tolist()
+        assert got.labels == [x.decode() for x in want_labels]
+        np.testing.assert_allclose(got.scores, want_scores, atol=SCORE_ATOL)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_served_results_equal_the_in_process_reference(server, reference, photos, protocol):
+    images = list(photos.values())
+    with ClassifyClient(url(server, protocol), protocol) as client:
+        client.check_ready()
+        predictions = client.classify(images)
+    assert_matches_reference(predictions, reference, images)
+    chelsea = predictions[list(photos).index("chelsea")]
+    assert chelsea.labels[0] in CAT_CLASSES
+    assert {
+        name: predictions[list(photos).index(name)].labels[0] for name in ("coffee", "flower")
+    } == {"coffee": "espresso", "flower": "daisy"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_top_k_is_chosen_per_request(server, reference, photos, protocol):
+    images = [photos["chelsea"], photos["coffee"]]
+    with ClassifyClient(url(server, protocol), protocol) as client:
+        three = client.classify(images, top_k=3)
+        default = client.classify(images)
+        everything = client.classify(images[:1], top_k=spec.NUM_CLASSES)
+    assert [len(p.labels) for p in three] == [3, 3]
+    assert [len(p.labels) for p in default] == [spec.DEFAULT_TOP_K] * 2
+    assert_matches_reference(three, reference, images, top_k=3)
+    assert sum(everything[0].scores) == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_asyncio_clients_under_concurrency(server, reference, photos, protocol):
+    names = list(photos) * 4
+
+    async def run():
+        async with AsyncClassifyClient(url(server, protocol), protocol) as client:
+            await client.check_ready()
+            return await asyncio.gather(*(client.classify([photos[n]]) for n in names))
+
+    results = asyncio.run(run())
+    for name, predictions in zip(names, results, strict=True):
+        assert_matches_reference(predictions, reference, [photos[name]])
+
+
+def model_stats(server, model: str) -> dict:
+    import tritonclient.http as http
+
+    with http.InferenceServerClient(server.http_url) as client:
+        (stats,) = client.get_inference_statistics(model)["model_stats"]
+    return stats
+
+
+def test_dynamic_batcher_forms_batches_across_requests(server, photos):
+    before = model_stats(server, spec.CLASSIFIER)
+    requests = 48
+
+    async def burst():
+        async with AsyncClassifyClient(server.grpc_url, "grpc") as client:
+            await asyncio.gather(*(client.classify([photos["coffee"]]) for _ in range(requests)))
+
+    asyncio.run(burst())
+    after = model_stats(server, spec.CLASSIFIER)
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert inferences == requests
+    assert executions < inferences, f"{executions} executions for {inferences} inferences"
+
+
+def raw_infer(server, protocol: str, inputs_spec: list[tuple[str, np.ndarray, str]]):
+    """Send a hand-made request, bypassing our client's checks; returns the error text."""
+    mod = module(protocol)
+    with mod.InferenceServerClient(url(server, protocol)) as client:
+        inputs = []
+        for name, array, dtype in inputs_spec:
+            tensor = mod.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        try:
+            client.infer(spec.ENSEMBLE, inputs)
+        except Exception as exc:  # noqa: BLE001 - the test inspects the message
+            return str(exc)
+    return None
+
+
+def images(*items: bytes) -> np.ndarray:
+    return np.array(items, dtype=np.object_).reshape(-1, 1)
+
+
+def bad_cases(photo: bytes) -> dict[str, tuple[list, str]]:
+    return {
+        "not-an-image": ([(spec.IMAGE, images(b"GIF? no, plain text"), "BYTES")], "not an image"),
+        "truncated-jpeg": (
+            [(spec.IMAGE, images(photo[: len(photo) // 2]), "BYTES")],
+            "truncated",
+        ),
+        "empty-bytes": ([(spec.IMAGE, images(b""), "BYTES")], "empty input"),
+        "empty-tensor": (
+            [(spec.IMAGE, np.zeros((0, 1), np.object_), "BYTES")],
+            "expected 1 string elements",
+        ),
+        "wrong-dtype": (
+            [(spec.IMAGE, np.zeros((1, 1), np.float32), "FP32")],
+            "data-type is 'FP32', but model 'classify' expects 'BYTES'",
+        ),
+        "wrong-shape": (
+            [(spec.IMAGE, images(photo, photo).reshape(1, 2), "BYTES")],
+            "unexpected shape for input 'IMAGE'",
+        ),
+        "over-max-batch": (
+            [(spec.IMAGE, images(*[photo] * 33), "BYTES")],
+            "batch-size must be <= 32",
+        ),
+        "bad-top-k": (
+            [
+                (spec.IMAGE, images(photo), "BYTES"),
+                (spec.TOP_K, np.array([[0]], np.int32), "INT32"),
+            ],
+            "TOP_K must be between 1 and 1000",
+        ),
+    }
+
+
+CASES = list(bad_cases(b"x"))
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, photos, protocol, case):
+    inputs, expected = bad_cases(photos["chelsea"])[case]
+    message = raw_infer(server, protocol, inputs)
+    assert message is not None, "the bad request succeeded"
+    assert expected in message
+    assert ("400" if protocol == "http" else "INVALID_ARGUMENT") in message
+    with ClassifyClient(url(server, protocol), protocol) as client:
+        client.check_ready()
+        assert client.classify([photos["chelsea"]])[0].labels[0] in CAT_CLASSES
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
+    server, reference, photos, protocol
+):
+    bad = photos["coffee"][:1500]
+    plan = [photos["chelsea"], photos["coffee"], bad, photos["flower"]] * 6
+    before = model_stats(server, spec.PREPROCESS)
+
+    async def burst():
+        async with AsyncClassifyClient(url(server, protocol), protocol) as client:
+            return await asyncio.gather(
+                *(client.classify([img]) for img in plan), return_exceptions=True
+            )
+
+    results = asyncio.run(burst())
+    after = model_stats(server, spec.PREPROCESS)
+    for img, result in zip(plan, results, strict=True):
+        if img is bad:
+            assert isinstance(result, ClientError)
+            assert "IMAGE[0]: corrupt or truncated image" in str(result)
+        else:
+            assert_matches_reference(result, reference, [img])
+    executions = after["execution_count"] - before["execution_count"]
+    assert executions < len(plan), "requests were batched together with the bad ones"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "client", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cli_prints_labels_and_scores(server, photos, tmp_path, protocol):
+    cat = tmp_path / "chelsea.jpg"
+    cat.write_bytes(photos["chelsea"])
+    done = run_cli(
+        "classify", str(cat), "--url", url(server, protocol), "--protocol", protocol, "--top-k", "3"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(cat)
+    assert len(lines) == 4
+    top = re.match(r"\s+([0-9.]+)\s+(.+) \((\d+)\)$", lines[1])
+    assert top and top.group(2) in CAT_CLASSES
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cli_explains_an_unreachable_server_without_a_traceback(photos, tmp_path, protocol):
+    from server.launcher import free_port
+
+    cat = tmp_path / "chelsea.jpg"
+    cat.write_bytes(photos["chelsea"])
+    done = run_cli(
+        "classify", str(cat), "--url", f"127.0.0.1:{free_port()}", "--protocol", protocol
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: cannot reach Triton at 127.0.0.1:")
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_reports_a_bad_image_without_a_traceback(server, tmp_path):
+    junk = tmp_path / "junk.jpg"
+    junk.write_bytes(b"not a jpeg")
+    done = run_cli("classify", str(junk), "--url", server.http_url)
+    assert done.returncode == 1
+    assert "IMAGE[0]: not an image" in done.stderr and "Traceback" not in done.stderr
+
+
+def readme_block(marker: str) -> str:
+    text = (REPO / "README.md").read_text()
+    match = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)```", text, re.S)
+    assert match, f"README has no block marked {marker}"
+    return match.group(1)
+
+
+def test_readme_curl_example_works(server, photos, tmp_path):
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "chelsea.jpg").write_bytes(photos["chelsea"])
+    script = readme_block("curl-example").replace("localhost:8000", server.http_url)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    response = json.loads(done.stdout)
+    outputs = {o["name"]: o["data"] for o in response["outputs"]}
+    assert outputs[spec.LABELS][0] in CAT_CLASSES
+    assert len(outputs[spec.SCORES]) == spec.DEFAULT_TOP_K

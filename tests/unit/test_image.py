@@ -1,0 +1,155 @@
+"""Decoding and preprocessing: every colour mode, EXIF orientation, geometry and clear errors."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines import classification as spec
+from pipelines import image
+
+SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
+WHITE = (255 - spec.PIXEL_MEAN) * spec.PIXEL_SCALE
+BLACK = (0 - spec.PIXEL_MEAN) * spec.PIXEL_SCALE
+
+
+def encode(img: Image.Image, fmt: str, **options) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **options)
+    return buf.getvalue()
+
+
+def gradient(width: int = 320, height: int = 240) -> np.ndarray:
+    x = np.linspace(0, 255, width, dtype=np.float32)
+    y = np.linspace(0, 255, height, dtype=np.float32)
+    return np.stack(np.broadcast_arrays(x[None, :], y[:, None], 128 + 0 * x[None, :]), -1).astype(
+        np.uint8
+    )
+
+
+RGB = Image.fromarray(gradient())
+
+
+@pytest.mark.parametrize(
+    ("mode", "fmt"),
+    [
+        ("RGB", "JPEG"),
+        ("RGB", "PNG"),
+        ("RGB", "WEBP"),
+        ("RGB", "BMP"),
+        ("L", "JPEG"),
+        ("L", "PNG"),
+        ("1", "PNG"),
+        ("P", "GIF"),
+        ("P", "PNG"),
+        ("LA", "PNG"),
+        ("RGBA", "PNG"),
+        ("RGBA", "WEBP"),
+        ("CMYK", "JPEG"),
+        ("CMYK", "TIFF"),
+        ("I;16", "PNG"),
+        ("I", "TIFF"),
+        ("F", "TIFF"),
+    ],
+)
+def test_every_mode_becomes_normalized_rgb(mode: str, fmt: str):
+    grey = np.asarray(RGB.convert("L"))
+    high_depth = {
+        "I;16": lambda: Image.fromarray(grey.astype(np.uint16) * 257),  # full 16-bit range
+        "I": lambda: Image.fromarray(grey.astype(np.int32) * 257),
+        "F": lambda: Image.fromarray(grey.astype(np.float32)),
+    }
+    src = high_depth[mode]() if mode in high_depth else RGB.convert(mode)
+    out = image.preprocess(encode(src, fmt))
+    assert out.shape == SHAPE
+    assert out.dtype == np.float32
+    assert np.isfinite(out).all()
+    assert out.min() >= BLACK and out.max() <= WHITE + 1e-6
+    assert out.std() > 0.1, "the gradient survived (not a blank image)"
+
+
+def test_transparent_pixels_become_white():
+    clear = Image.new("RGBA", (300, 300), (0, 0, 0, 0))
+    np.testing.assert_allclose(image.preprocess(encode(clear, "PNG")), WHITE, atol=1e-6)
+    palette = Image.new("P", (300, 300), 0)
+    palette.info["transparency"] = 0
+    np.testing.assert_allclose(image.preprocess(encode(palette, "PNG", transparency=0)), WHITE)
+
+
+def test_sixteen_bit_is_rescaled_not_clipped():
+    values = np.full((256, 256), 32768, dtype=np.uint16)
+    grey = image.decode(encode(Image.fromarray(values), "PNG"))
+    assert abs(np.asarray(grey)[0, 0, 0] - 128) <= 1  # clipping would give 255
+
+
+def test_exif_orientation_is_honoured():
+    pixels = gradient(320, 240)
+    upright = Image.fromarray(pixels)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: the viewer must turn it 90° clockwise
+    stored = upright.transpose(Image.Transpose.ROTATE_90)  # a camera held sideways
+    assert stored.size == (240, 320)
+    decoded = image.decode(encode(stored, "PNG", exif=exif.tobytes()))
+    assert decoded.size == (320, 240)
+    np.testing.assert_array_equal(np.asarray(decoded), pixels)
+
+
+def test_center_crop_keeps_the_middle():
+    # A red square in the middle of a blue frame: after the crop the centre is red, corners blue.
+    canvas = np.zeros((400, 600, 3), np.uint8)
+    canvas[..., 2] = 255
+    canvas[100:300, 200:400] = (255, 0, 0)
+    out = image.center_crop_resize(Image.fromarray(canvas))
+    assert out.shape == (spec.IMAGE_SIZE, spec.IMAGE_SIZE, 3)
+    assert tuple(out[112, 112]) == (255, 0, 0)
+    assert tuple(out[0, 0]) == (0, 0, 255)
+
+
+def test_large_jpeg_decodes_reduced_but_never_below_the_crop():
+    big = Image.fromarray(gradient(2400, 1600))
+    decoded = image.decode(encode(big, "JPEG"), min_side=256)
+    assert 256 <= min(decoded.size) < 1600
+    full = image.preprocess(encode(big, "PNG"))
+    fast = image.preprocess(encode(big, "JPEG"))
+    assert np.abs(full - fast).mean() < 0.05  # same picture, within JPEG error
+
+
+def test_normalize_writes_into_the_given_buffer():
+    out = np.empty(SHAPE, np.float32)
+    rgb = np.full((spec.IMAGE_SIZE, spec.IMAGE_SIZE, 3), 255, np.uint8)
+    assert image.normalize(rgb, out=out) is out
+    np.testing.assert_allclose(out, WHITE)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty input"),
+        (b"definitely not an image", "not an image"),
+        (encode(RGB, "JPEG")[:2000], "truncated"),
+        (encode(RGB, "PNG")[:300], "truncated"),
+    ],
+    ids=["empty", "garbage", "truncated-jpeg", "truncated-png"],
+)
+def test_bad_bytes_raise_a_clear_error(data: bytes, message: str):
+    with pytest.raises(image.ImageError, match=message):
+        image.preprocess(data)
+
+
+def test_decompression_bombs_are_refused_before_decoding(monkeypatch):
+    monkeypatch.setattr(image, "MAX_PIXELS", 1000)
+    with pytest.raises(image.ImageError, match="too large"):
+        image.preprocess(encode(RGB, "PNG"))
+
+
+def test_one_bad_image_does_not_spoil_the_batch():
+    good = encode(RGB, "JPEG")
+    pixels, errors = image.preprocess_batch([good, b"junk", good])
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], image.ImageError)
+    np.testing.assert_array_equal(pixels[0], pixels[2])
+    np.testing.assert_array_equal(pixels[0], image.preprocess(good))
+    assert not pixels[1].any()

@@ -1,0 +1,117 @@
+"""The launcher: finding the server, wiring its environment, clear failures, clean stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from server import launcher
+from server.launcher import Server, ServerConfig, ServerStartError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_finds_the_bundled_server_and_picks_the_local_configs():
+    inst = launcher.find_installation()
+    assert inst.binary.name == "tritonserver" and os.access(inst.binary, os.X_OK)
+    assert inst.has_backend("python")
+    if inst.bundled:
+        assert not inst.has_backend("onnxruntime")
+        assert launcher.detect_environment(inst) == "local"
+
+
+def test_stub_is_installed_beside_the_backend():
+    inst = launcher.find_installation()
+    if not inst.bundled:
+        pytest.skip("only the PyPI build needs its stub copied")
+    stub = launcher.install_python_stub(inst)
+    assert stub.parent == inst.backend_dir / "python" and os.access(stub, os.X_OK)
+
+
+def test_command_and_environment_are_wired():
+    server = Server(
+        ServerConfig(http_port=1234, host="127.0.0.1", extra_args=["--exit-timeout-secs=5"])
+    )
+    cmd = server.command()
+    assert f"--backend-directory={server.installation.backend_dir}" in cmd
+    assert f"--cache-directory={server.installation.cache_dir}" in cmd
+    assert "--http-address=127.0.0.1" in cmd and "--http-port=1234" in cmd
+    assert "--model-config-name=local" in cmd or not server.installation.bundled
+    assert cmd[-1] == "--exit-timeout-secs=5"
+    env = server.environment()
+    if server.installation.bundled:
+        assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+        assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == sysconfig.get_config_var("LIBDIR")
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = {launcher.free_port() for _ in range(5)}
+    assert len(ports) >= 4 and all(1024 < p < 65536 for p in ports)
+
+
+BROKEN_MODEL = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("weights file is corrupt (deliberate test failure)")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_a_model_that_fails_to_load_gives_a_clear_error_with_the_log(tmp_path):
+    model = tmp_path / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(BROKEN_MODEL)
+    (model / "config.pbtxt").write_text(
+        'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU, count: 1 } ]\n"
+    )
+    config = ServerConfig(model_repository=tmp_path, http_port=0, grpc_port=0, metrics_port=0)
+    server = Server(config, log_path=tmp_path / "server.log")
+    started = time.monotonic()
+    with pytest.raises(ServerStartError) as failure:
+        server.start(timeout=60)
+    message = str(failure.value)
+    assert "exited" in message and "broken" in message
+    assert "weights file is corrupt" in message
+    assert time.monotonic() - started < 30, "a failed load is reported early, not at the timeout"
+    assert server.process.poll() is not None
+
+
+def test_foreground_server_prints_endpoints_and_stops_on_ctrl_c(classifier_onnx):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "server exited early:\n" + "".join(lines)
+            lines.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        output = "".join(lines)
+        assert "HTTP     http://127.0.0.1:" in output
+        assert "gRPC     127.0.0.1:" in output and "metrics  http://127.0.0.1:" in output
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, rest
+    assert "stopped (exit status 0)" in rest
