@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CLASSIFIER_ONNX := model_repository/classifier/1/model.onnx
 HOST ?= 127.0.0.1
 
-.PHONY: serve test lint format models venv clean samples
+.PHONY: serve test lint format models venv clean samples perf
 
 venv: $(STAMP)
 
@@ -41,6 +41,10 @@ format: $(STAMP)
 
 test: lint models
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
+perf: models
+	$(PY) -m client perf $(PERF_ARGS)
 
 samples: $(STAMP)
 	$(PY) -m client samples samples/

@@ -4,6 +4,7 @@ Examples:
     python -m client classify cat.jpg dog.png --top-k 3
     python -m client classify cat.jpg --protocol grpc --url localhost:8001
     python -m client samples samples/      # write the bundled sample photos as JPEG files
+    python -m client perf [--full]         # benchmark: perf_analyzer, raw engine, peer; report
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from client import connection
 from client.classify import ClassifyClient
+from client.perf import cli as perf_cli
 from pipelines import classification as spec
 
 
@@ -41,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"classes per image (server default {spec.DEFAULT_TOP_K})",
     )
     _add_connection_args(cls)
+    perf_cli.add_parser(sub)
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
     smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
@@ -79,7 +82,7 @@ def samples(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: exit 0 on success, 1 with a one-line message on a known failure."""
     args = parse_args(argv)
-    commands = {"classify": classify, "samples": samples}
+    commands = {"classify": classify, "samples": samples, "perf": perf_cli.run}
     try:
         return commands[args.command](args)
     except connection.ClientError as exc:

@@ -130,6 +130,7 @@ class ServerConfig:
     model_config_name: str | None = "auto"
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
+    cpus: list[int] | None = None  # pin the server (and its Python stubs) to these cores
 
 
 class Server:
@@ -183,7 +184,11 @@ class Server:
         ]
         if c.model_config_name:
             args.append(f"--model-config-name={c.model_config_name}")
-        return args + list(c.extra_args)
+        args += list(c.extra_args)
+        if c.cpus:
+            # Affinity is inherited by the Python-backend stub processes too.
+            args = ["taskset", "-c", ",".join(map(str, c.cpus)), *args]
+        return args
 
     def environment(self) -> dict[str, str]:
         """Environment for the server, so the Python stub runs this interpreter's packages."""

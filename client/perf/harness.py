@@ -1,0 +1,359 @@
+"""The benchmark run behind ``make perf``: rounds of interleaved, pinned measurements.
+
+Every round measures, on the same machine within minutes of each other: the raw engine
+in-process, each serving variant of Triton (perf_analyzer, concurrency and Poisson-rate sweeps,
+gRPC and HTTP), and the peer server driven by the same perf_analyzer with the same JSON payload.
+Ratios are taken within a round, then summarized over rounds (median and spread), because CPU
+speed here drifts by tens of percent from minute to minute.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tritonclient.http as http
+
+from client.perf import inputs, perf_analyzer, stats, variants
+from pipelines import classification as spec
+from server import Server, ServerConfig
+from server.launcher import MODEL_REPOSITORY
+
+log = logging.getLogger(__name__)
+
+ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
+MODELS = (spec.ENSEMBLE, *variants.STEPS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One thing to measure at one load level."""
+
+    system: str  # triton | peer | null-peer
+    variant: str  # Triton serving variant, "-" for the peers
+    model: str
+    protocol: str  # grpc | http
+    payload: str  # binary | json
+    mode: str  # concurrency | rate
+    level: float
+
+    def label(self) -> str:
+        """Short human-readable name."""
+        unit = "c" if self.mode == "concurrency" else "rate"
+        return (
+            f"{self.system}/{self.variant} {self.model} {self.protocol}-{self.payload} "
+            f"{unit}={self.level:g}"
+        )
+
+
+@dataclass
+class Plan:
+    """What a run measures. ``short()`` fits in about 5 minutes on 2 cores; ``full()`` is all."""
+
+    rounds: int
+    # (model, protocol, payload) -> concurrency levels, for the main "batching" variant.
+    main: dict[tuple[str, str, str], list[int]]
+    # variant name -> [(model, protocol, levels)]
+    others: dict[str, list[tuple[str, str, list[int]]]]
+    rate_fractions: list[float]  # of the ensemble's saturated throughput in the same round
+    peer_levels: list[int]
+    null_levels: list[int]
+    raw_model_batches: list[int]
+    raw_pipeline_batches: list[int]
+    raw_seconds: float = 1.5
+    measurement_ms: int = 1500
+
+    @classmethod
+    def short(cls) -> Plan:
+        """The default: the numbers every target needs, twice, interleaved."""
+        return cls(
+            rounds=2,
+            main={
+                (spec.ENSEMBLE, "grpc", "binary"): [1, 4, 16],
+                (spec.ENSEMBLE, "http", "binary"): [1, 16],
+                (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
+                (spec.CLASSIFIER, "http", "json"): [1, 16],
+                (spec.PREPROCESS, "grpc", "binary"): [16],
+                (spec.POSTPROCESS, "grpc", "binary"): [16],
+            },
+            others={
+                "no-batching": [(spec.ENSEMBLE, "grpc", [16]), (spec.CLASSIFIER, "grpc", [16])],
+                "instances-2": [(spec.ENSEMBLE, "grpc", [16])],
+            },
+            rate_fractions=[0.5, 0.9],
+            peer_levels=[1, 16],
+            null_levels=[16],
+            raw_model_batches=[1, 4, 8, 16, 32],
+            raw_pipeline_batches=[1, 8],
+        )
+
+    @classmethod
+    def full(cls) -> Plan:
+        """Everything: all models, protocols and variants over a wide sweep, three rounds."""
+        levels = [1, 2, 4, 8, 16, 32]
+        main = {(m, p, "binary"): levels for m in MODELS for p in ("grpc", "http")}
+        main[(spec.CLASSIFIER, "http", "json")] = levels
+        return cls(
+            rounds=3,
+            main=main,
+            others={
+                name: [
+                    (m, p, levels)
+                    for m in (spec.ENSEMBLE, spec.CLASSIFIER)
+                    for p in ("grpc", "http")
+                ]
+                for name in ("no-batching", "instances-2")
+            },
+            rate_fractions=[0.25, 0.5, 0.75, 0.9, 1.0],
+            peer_levels=levels,
+            null_levels=[1, 16, 32],
+            raw_model_batches=[1, 2, 4, 8, 16, 32],
+            raw_pipeline_batches=[1, 4, 8, 16],
+            raw_seconds=3.0,
+            measurement_ms=3000,
+        )
+
+    def triton_cases(self, variant: str) -> Iterator[Case]:
+        """Concurrency cases of one variant (rate cases depend on this round's results)."""
+        if variant == "batching":
+            for (model, protocol, payload), levels in self.main.items():
+                for level in levels:
+                    yield Case("triton", variant, model, protocol, payload, "concurrency", level)
+        for model, protocol, levels in self.others.get(variant, []):
+            for level in levels:
+                yield Case("triton", variant, model, protocol, "binary", "concurrency", level)
+
+    def size(self) -> int:
+        """Load levels measured in one round (for progress and ETA)."""
+        n = sum(len(v) for v in self.main.values())
+        n += sum(len(levels) for cases in self.others.values() for _, _, levels in cases)
+        return n + len(self.rate_fractions) + len(self.peer_levels) + len(self.null_levels)
+
+
+def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
+    """(server cores, load-generator cores): the generator gets a quarter, at least one."""
+    if len(cores) < 2:
+        return cores, cores
+    n_client = max(1, len(cores) // 4)
+    return cores[n_client:], cores[:n_client]
+
+
+@dataclass
+class Row:
+    """One measured case in one round, with what the statistics API saw meanwhile."""
+
+    round: int
+    case: Case
+    point: perf_analyzer.Point | None
+    error: str = ""
+    deltas: dict[str, stats.ModelDelta] = field(default_factory=dict)
+
+    def flat(self) -> dict:
+        """One CSV line."""
+        out = {"round": self.round, **dataclasses.asdict(self.case)}
+        point = dataclasses.asdict(self.point) if self.point else {}
+        for name in perf_analyzer.Point.__dataclass_fields__:
+            if name != "level":
+                out[name] = point.get(name, "")
+        for model in MODELS:
+            d = self.deltas.get(model)
+            out[f"{model}_avg_batch"] = round(d.avg_batch, 3) if d else ""
+            out[f"{model}_request_ms"] = round(d.request_ms, 4) if d else ""
+        classifier = self.deltas.get(spec.CLASSIFIER)
+        out["classifier_batch_histogram"] = (
+            json.dumps(classifier.batch_histogram) if classifier else ""
+        )
+        out["error"] = self.error
+        return out
+
+
+def measure_raw(cpus: list[int], threads: int, plan: Plan) -> dict:
+    """The raw engine, pinned to the server's cores with the server's thread budget."""
+    cmd = [
+        "taskset",
+        "-c",
+        ",".join(map(str, cpus)),
+        sys.executable,
+        "-m",
+        "client.perf.raw",
+        f"--onnx={ONNX}",
+        f"--threads={threads}",
+        f"--seconds={plan.raw_seconds}",
+        "--model-batches=" + ",".join(map(str, plan.raw_model_batches)),
+        "--pipeline-batches=" + ",".join(map(str, plan.raw_pipeline_batches)),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+    raw = json.loads(done.stdout)
+    return {kind: {int(k): v for k, v in raw[kind].items()} for kind in ("model", "pipeline")}
+
+
+class Runner:
+    """Runs a plan and collects rows; progress goes to ``progress`` (one line per level)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        out_dir: Path,
+        server_cpus: list[int],
+        client_cpus: list[int],
+        progress: Callable[[str], None] = print,
+    ):
+        self.plan = plan
+        self.out_dir = out_dir
+        self.server_cpus = server_cpus
+        self.client_cpus = client_cpus
+        self.progress = progress
+        self.rows: list[Row] = []
+        self.raw: list[dict] = []
+        self.done = 0
+        self.total = plan.size() * plan.rounds
+        self.started = time.monotonic()
+
+    def _tick(self, row: Row) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        if row.point:
+            p = row.point
+            result = f"{p.throughput:8.1f} infer/s  p50 {p.p50_ms:6.2f} ms  p99 {p.p99_ms:6.2f} ms"
+        else:
+            result = f"FAILED: {row.error.splitlines()[0] if row.error else '?'}"
+        self.progress(
+            f"[{self.done:3d}/{self.total}, ETA {eta / 60:4.1f} min] r{row.round} "
+            f"{row.case.label():55s} {result}"
+        )
+
+    def _measure(self, round_: int, case: Case, url: str, data: Path, client=None) -> Row:
+        run = perf_analyzer.Run(
+            model=case.model,
+            url=url,
+            protocol=case.protocol,
+            mode=case.mode,
+            input_data=data,
+            measurement_ms=self.plan.measurement_ms,
+            tensor_format=case.payload,
+            cpus=self.client_cpus,
+        )
+        before = stats.snapshot(client, MODELS) if client else None
+        try:
+            point, error = perf_analyzer.measure(run, case.level), ""
+        except perf_analyzer.PerfAnalyzerError as exc:
+            point, error = None, str(exc)
+        deltas = stats.delta(before, stats.snapshot(client, MODELS)) if client else {}
+        row = Row(round_, case, point, error, deltas)
+        self.rows.append(row)
+        self._tick(row)
+        return row
+
+    def run(self) -> None:
+        """All rounds: raw, every variant (rotated order), rate sweep, peer, null peer."""
+        data_dir = self.out_dir / "inputs"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        from pipelines.reference import ReferenceClassifier
+
+        reference = ReferenceClassifier(ONNX)
+        data = {m: inputs.write(m, data_dir, reference) for m in MODELS}
+        json_data = inputs.write(spec.CLASSIFIER, data_dir, as_json=True)
+        threads = len(self.server_cpus)
+        all_variants = variants.standard(threads)
+        config = ServerConfig(
+            http_port=0,
+            grpc_port=0,
+            metrics_port=0,
+            cpus=self.server_cpus,
+            extra_args=["--model-control-mode=explicit", "--load-model=*"],
+        )
+        with (
+            Server(config, log_path=self.out_dir / "tritonserver.log") as server,
+            http.InferenceServerClient(server.http_url) as client,
+        ):
+            urls = {"grpc": server.grpc_url, "http": server.http_url}
+            for r in range(1, self.plan.rounds + 1):
+                self.progress(
+                    f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)"
+                )
+                self.raw.append(measure_raw(self.server_cpus, threads, self.plan))
+                self.progress(f"  raw: {self.raw[-1]}")
+                shift = (r - 1) % len(all_variants)
+                for variant in all_variants[shift:] + all_variants[:shift]:
+                    variants.apply(
+                        client, variant, MODEL_REPOSITORY, server.config.model_config_name
+                    )
+                    for case in self.plan.triton_cases(variant.name):
+                        source = json_data if case.payload == "json" else data[case.model]
+                        self._measure(r, case, urls[case.protocol], source, client)
+                    if variant.name == "batching":
+                        self._rate_sweep(r, urls["grpc"], data[spec.ENSEMBLE], client)
+                self._peers(r, json_data, threads)
+
+    def _rate_sweep(self, round_: int, url: str, data: Path, client) -> None:
+        saturated = max(
+            (
+                row.point.throughput
+                for row in self.rows
+                if row.round == round_
+                and row.point
+                and row.case.system == "triton"
+                and row.case.variant == "batching"
+                and row.case.model == spec.ENSEMBLE
+                and row.case.protocol == "grpc"
+                and row.case.mode == "concurrency"
+            ),
+            default=0.0,
+        )
+        for fraction in self.plan.rate_fractions:
+            level = max(1.0, round(fraction * saturated))
+            case = Case("triton", "batching", spec.ENSEMBLE, "grpc", "binary", "rate", level)
+            self._measure(round_, case, url, data, client)
+
+    def _peers(self, round_: int, json_data: Path, threads: int) -> None:
+        from client.perf.peer import PeerServer
+
+        for system, model_path, levels in (
+            ("peer", ONNX, self.plan.peer_levels),
+            ("null-peer", None, self.plan.null_levels),
+        ):
+            with PeerServer(model_path, cpus=self.server_cpus, intra_op_threads=threads) as peer:
+                for level in levels:
+                    case = Case(system, "-", spec.CLASSIFIER, "http", "json", "concurrency", level)
+                    self._measure(round_, case, peer.url, json_data)
+
+    def write_csv(self) -> tuple[Path, Path]:
+        """points.csv (one line per measured case and round) and raw.csv."""
+        points = self.out_dir / "points.csv"
+        lines = [row.flat() for row in self.rows]
+        with open(points, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(lines[0]))
+            writer.writeheader()
+            writer.writerows(lines)
+        raw = self.out_dir / "raw.csv"
+        with open(raw, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["round", "kind", "batch_size", "throughput"])
+            for r, result in enumerate(self.raw, 1):
+                for kind, curve in result.items():
+                    for bs, value in curve.items():
+                        writer.writerow([r, kind, bs, f"{value:.3f}"])
+        return points, raw
+
+
+def machine() -> dict[str, str]:
+    """What the report says about where it ran."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": sys.version.split()[0]}

@@ -1,0 +1,78 @@
+"""The raw engine in-process: the physical limit that served numbers are divided by.
+
+Run as ``python -m client.perf.raw`` under ``taskset`` so it gets exactly the cores (and the
+onnxruntime thread budget) that the server's instances get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import image, samples
+from pipelines.reference import ReferenceClassifier
+
+
+def throughput(step: Callable[[], None], items_per_step: int, seconds: float) -> float:
+    """Items per second of ``step`` over at least ``seconds`` (after one warm-up call)."""
+    step()
+    done, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or done == 0:
+        step()
+        done += items_per_step
+    return done / elapsed
+
+
+def model_curve(
+    reference: ReferenceClassifier, batch_sizes: Sequence[int], seconds: float
+) -> dict[int, float]:
+    """Classifier alone: preprocessed pixels in, logits out, images/s per batch size."""
+    photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
+    pixels, _ = image.preprocess_batch(photos)
+    curve = {}
+    for bs in batch_sizes:
+        batch = np.ascontiguousarray(np.resize(pixels, (bs, *pixels.shape[1:])))
+        curve[bs] = throughput(lambda b=batch: reference.logits(b), bs, seconds)
+    return curve
+
+
+def pipeline_curve(
+    reference: ReferenceClassifier, batch_sizes: Sequence[int], seconds: float
+) -> dict[int, float]:
+    """The whole classify pipeline in-process: JPEG bytes → top-k labels, images/s."""
+    photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
+    curve = {}
+    for bs in batch_sizes:
+        batch = [photos[i % len(photos)] for i in range(bs)]
+        curve[bs] = throughput(lambda b=batch: reference.classify(b), bs, seconds)
+    return curve
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}} as JSON."""
+    p = argparse.ArgumentParser(prog="python -m client.perf.raw", description=__doc__)
+    p.add_argument("--onnx", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    p.add_argument("--model-batches", default="1,4,8,16,32")
+    p.add_argument("--pipeline-batches", default="1,8,16")
+    p.add_argument("--seconds", type=float, default=2.0, help="per batch size")
+    args = p.parse_args(argv)
+    reference = ReferenceClassifier(args.onnx, intra_op_threads=args.threads)
+    sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
+    result = {
+        "threads": args.threads,
+        "model": model_curve(reference, sizes(args.model_batches), args.seconds),
+        "pipeline": pipeline_curve(reference, sizes(args.pipeline_batches), args.seconds),
+    }
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""Ratios, the markdown report and the plots, computed from points.csv and raw.csv.
+
+Pure functions over recorded rows, so that a report can be rebuilt (and tested) without a server.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines import classification as spec
+
+ENS, CLS, PRE, POST = spec.ENSEMBLE, spec.CLASSIFIER, spec.PREPROCESS, spec.POSTPROCESS
+STEPS = 3
+
+
+def load(points_csv: Path, raw_csv: Path) -> tuple[list[dict], dict[int, dict]]:
+    """Rows of points.csv (numbers parsed) and raw curves per round."""
+    rows = []
+    with open(points_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if (
+                    key
+                    not in (
+                        "system",
+                        "variant",
+                        "model",
+                        "protocol",
+                        "payload",
+                        "mode",
+                        "error",
+                        "classifier_batch_histogram",
+                    )
+                    and value != ""
+                ):
+                    row[key] = float(value)
+            row["round"] = int(row["round"])
+            rows.append(row)
+    raw: dict[int, dict] = defaultdict(lambda: {"model": {}, "pipeline": {}})
+    with open(raw_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            raw[int(row["round"])][row["kind"]][int(row["batch_size"])] = float(row["throughput"])
+    return rows, dict(raw)
+
+
+def find(rows: Iterable[dict], **match) -> list[dict]:
+    """Rows whose fields equal every given value and that measured something."""
+    return [
+        r
+        for r in rows
+        if r.get("throughput") not in ("", None) and all(r.get(k) == v for k, v in match.items())
+    ]
+
+
+def one(rows: Iterable[dict], **match) -> dict | None:
+    """The single matching row (None if absent)."""
+    found = find(rows, **match)
+    return found[0] if found else None
+
+
+def best_under_p99(points: Iterable[dict], p99_ms: float) -> float:
+    """Highest throughput among points whose p99 is within the budget (0 if none)."""
+    return max((p["throughput"] for p in points if p["p99_ms"] <= p99_ms), default=0.0)
+
+
+def equal_p99_ratio(ours: list[dict], theirs: list[dict]) -> float | None:
+    """Our throughput ÷ theirs at the same p99 budget: the p99 of their best point.
+
+    For each system the best throughput whose p99 does not exceed that budget.
+    """
+    if not ours or not theirs:
+        return None
+    budget = max(theirs, key=lambda p: p["throughput"])["p99_ms"]
+    theirs_best = best_under_p99(theirs, budget)
+    return best_under_p99(ours, budget) / theirs_best if theirs_best else None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A ratio (or time) computed within one round, with its target."""
+
+    name: str
+    compute: Callable[[list[dict], dict], float | None]
+    target: float | None = None
+    higher_is_better: bool = True
+    unit: str = "x"
+    note: str = ""
+
+    def met(self, value: float) -> bool | None:
+        """Whether the target is met (None where there is no target)."""
+        if self.target is None:
+            return None
+        return value >= self.target if self.higher_is_better else value <= self.target
+
+
+def _thr(rows, **match) -> float | None:
+    row = one(rows, **match)
+    return row["throughput"] if row else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _triton(model, protocol="grpc", variant="batching", payload="binary", level=None):
+    match = dict(
+        system="triton",
+        variant=variant,
+        model=model,
+        protocol=protocol,
+        payload=payload,
+        mode="concurrency",
+    )
+    if level is not None:
+        match["level"] = float(level)
+    return match
+
+
+def _saturated(rows, **match) -> float | None:
+    values = [r["throughput"] for r in find(rows, **match)]
+    return max(values) if values else None
+
+
+def _hop_end_to_end(rows, raw) -> float | None:
+    row = one(rows, **_triton(ENS, level=1))
+    if not row or 1 not in raw["pipeline"]:
+        return None
+    return (row["p50_ms"] - 1000.0 / raw["pipeline"][1]) / STEPS
+
+
+def _hop_in_server(rows, raw) -> float | None:
+    row = one(rows, **_triton(ENS, level=1))
+    if not row or row.get(f"{ENS}_request_ms") in ("", None):
+        return None
+    steps = sum(row[f"{m}_request_ms"] for m in (PRE, CLS, POST))
+    return (row[f"{ENS}_request_ms"] - steps) / STEPS
+
+
+def _slowest_stage(rows, raw) -> float | None:
+    stages = [_thr(rows, **_triton(m, level=16)) for m in (PRE, CLS, POST)]
+    if any(s is None for s in stages):
+        return None
+    return _ratio(_thr(rows, **_triton(ENS, level=16)), min(stages))
+
+
+def _peer_ratio(rows, raw) -> float | None:
+    ours = find(rows, **_triton(CLS, protocol="http", payload="json"))
+    theirs = find(rows, system="peer", model=CLS)
+    return equal_p99_ratio(ours, theirs)
+
+
+def _generator_headroom(rows, raw) -> float | None:
+    null = _saturated(rows, system="null-peer")
+    json_rows = find(rows, payload="json")
+    fastest = max((r["throughput"] for r in json_rows if r["system"] != "null-peer"), default=None)
+    return _ratio(null, fastest)
+
+
+METRICS = [
+    Metric(
+        "raw model batching gain (best batch ÷ batch 1)",
+        lambda rows, raw: _ratio(max(raw["model"].values()), raw["model"][1]),
+    ),
+    Metric(
+        "served batching gain (classifier c=16: batching ÷ no-batching)",
+        lambda rows, raw: _ratio(
+            _thr(rows, **_triton(CLS, level=16)),
+            _thr(rows, **_triton(CLS, variant="no-batching", level=16)),
+        ),
+    ),
+    Metric(
+        "dynamic batching captures (classifier c=16 ÷ raw at its best batch)",
+        lambda rows, raw: _ratio(_thr(rows, **_triton(CLS, level=16)), max(raw["model"].values())),
+        target=0.9,
+    ),
+    Metric(
+        "classify served ÷ raw pipeline, saturation (gRPC)",
+        lambda rows, raw: _ratio(_saturated(rows, **_triton(ENS)), max(raw["pipeline"].values())),
+        target=0.95,
+    ),
+    Metric(
+        "classify served ÷ raw pipeline, concurrency 1 (gRPC)",
+        lambda rows, raw: _ratio(_thr(rows, **_triton(ENS, level=1)), raw["pipeline"][1]),
+        target=0.85,
+    ),
+    Metric(
+        "classify served ÷ raw pipeline, saturation (HTTP)",
+        lambda rows, raw: _ratio(
+            _saturated(rows, **_triton(ENS, protocol="http")), max(raw["pipeline"].values())
+        ),
+    ),
+    Metric(
+        "classifier alone ÷ raw model, concurrency 1 (gRPC)",
+        lambda rows, raw: _ratio(_thr(rows, **_triton(CLS, level=1)), raw["model"][1]),
+    ),
+    Metric("ensemble ÷ its slowest stage (c=16)", _slowest_stage, target=0.8),
+    Metric(
+        "serving overhead per step, end to end (p50 c=1 − raw latency) ÷ 3",
+        _hop_end_to_end,
+        target=0.5,
+        higher_is_better=False,
+        unit=" ms",
+    ),
+    Metric(
+        "ensemble scheduling overhead per step, in server (stats API)",
+        _hop_in_server,
+        target=0.5,
+        higher_is_better=False,
+        unit=" ms",
+    ),
+    Metric(
+        "Triton ÷ peer (FastAPI micro-batcher), same JSON payload, equal p99",
+        _peer_ratio,
+        target=2.0,
+        note="target applies where serving overhead matters; EfficientNet here is compute-bound",
+    ),
+    Metric(
+        "load generator headroom (null model ÷ fastest JSON result)",
+        _generator_headroom,
+        target=2.0,
+        note="≥ 2 means no result was capped by the harness",
+    ),
+]
+
+
+def summarize(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max)."""
+    return statistics.median(values), min(values), max(values)
+
+
+def metric_table(rows: list[dict], raw: dict[int, dict]) -> list[dict]:
+    """Each metric per round, then its median and spread over rounds."""
+    table = []
+    for metric in METRICS:
+        values = []
+        for round_, curves in sorted(raw.items()):
+            value = metric.compute([r for r in rows if r["round"] == round_], curves)
+            if value is not None:
+                values.append(value)
+        if not values:
+            table.append({"metric": metric, "values": []})
+            continue
+        median, low, high = summarize(values)
+        table.append(
+            {
+                "metric": metric,
+                "values": values,
+                "median": median,
+                "low": low,
+                "high": high,
+                "met": metric.met(median),
+            }
+        )
+    return table
+
+
+def _fmt(value: float, unit: str = "x") -> str:
+    return f"{value:.3f}{unit}" if unit == " ms" else f"{value:.2f}{unit}"
+
+
+def case_table(rows: list[dict]) -> list[dict]:
+    """Median and spread of throughput and latencies per case over rounds."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in find(rows):
+        key = tuple(
+            row[k] for k in ("system", "variant", "model", "protocol", "payload", "mode", "level")
+        )
+        groups[key].append(row)
+    out = []
+    for key, members in groups.items():
+        entry = dict(
+            zip(
+                ("system", "variant", "model", "protocol", "payload", "mode", "level"),
+                key,
+                strict=True,
+            )
+        )
+        for field in ("throughput", "p50_ms", "p99_ms", f"{CLS}_avg_batch"):
+            values = [m[field] for m in members if m.get(field) not in ("", None)]
+            entry[field] = summarize(values) if values else None
+        out.append(entry)
+    order = ("system", "variant", "model", "protocol", "payload", "mode")
+    return sorted(out, key=lambda e: (*(str(e[k]) for k in order), e["level"]))
+
+
+def write_markdown(
+    path: Path, rows: list[dict], raw: dict[int, dict], method: list[str], plots: list[Path]
+) -> Path:
+    """The report: method first, then targets, raw curves, every case, plots."""
+    lines = ["# Performance report", "", "## Method", ""] + [f"- {m}" for m in method] + [""]
+    lines += [
+        "## Targets (median over rounds, [min – max])",
+        "",
+        "| metric | measured | target | met |",
+        "|---|---|---|---|",
+    ]
+    for item in metric_table(rows, raw):
+        metric = item["metric"]
+        if not item["values"]:
+            lines.append(f"| {metric.name} | not measured | | |")
+            continue
+        measured = (
+            f"{_fmt(item['median'], metric.unit)} "
+            f"[{_fmt(item['low'], metric.unit)} – {_fmt(item['high'], metric.unit)}]"
+        )
+        target = (
+            ""
+            if metric.target is None
+            else (("≥ " if metric.higher_is_better else "≤ ") + _fmt(metric.target, metric.unit))
+        )
+        met = {None: "", True: "yes", False: "**no**"}[item["met"]]
+        note = f" ({metric.note})" if metric.note else ""
+        lines.append(f"| {metric.name}{note} | {measured} | {target} | {met} |")
+    lines += [
+        "",
+        "## Raw engine in-process (images/s, median over rounds)",
+        "",
+        "| kind | batch size | images/s |",
+        "|---|---|---|",
+    ]
+    for kind in ("model", "pipeline"):
+        sizes = sorted({bs for curves in raw.values() for bs in curves[kind]})
+        for bs in sizes:
+            values = [curves[kind][bs] for curves in raw.values() if bs in curves[kind]]
+            med, low, high = summarize(values)
+            lines.append(f"| {kind} | {bs} | {med:.1f} [{low:.1f} – {high:.1f}] |")
+    lines += [
+        "",
+        "## Every case (median [min – max] over rounds)",
+        "",
+        "| system | variant | model | protocol | payload | mode | level | infer/s | "
+        "p50 ms | p99 ms | classifier batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in case_table(rows):
+
+        def cell(field, digits=1, e=e):
+            v = e[field]
+            return "" if v is None else f"{v[0]:.{digits}f} [{v[1]:.{digits}f} – {v[2]:.{digits}f}]"
+
+        lines.append(
+            f"| {e['system']} | {e['variant']} | {e['model']} | {e['protocol']} | {e['payload']} | "
+            f"{e['mode']} | {e['level']:g} | {cell('throughput')} | {cell('p50_ms', 2)} | "
+            f"{cell('p99_ms', 2)} | {cell(f'{CLS}_avg_batch', 2)} |"
+        )
+    failures = [r for r in rows if r.get("error")]
+    if failures:
+        lines += ["", "## Failed measurements", ""]
+        lines += [
+            f"- round {r['round']} {r['system']}/{r['variant']} {r['model']} {r['protocol']} "
+            f"{r['mode']}={r['level']}: {r['error'].splitlines()[0]}"
+            for r in failures
+        ]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[Path]:
+    """Throughput vs p50/p99 per variant; formed batch size; raw vs served."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = case_table(rows)
+    series: dict[tuple, list[dict]] = defaultdict(list)
+    for e in cases:
+        if e["mode"] == "concurrency" and e["throughput"]:
+            series[(e["system"], e["variant"], e["model"], e["protocol"], e["payload"])].append(e)
+    paths = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=False)
+    for ax, models in zip(axes, ((ENS,), (CLS,)), strict=True):
+        for key, points in sorted(series.items()):
+            if key[2] not in models:
+                continue
+            points.sort(key=lambda e: e["level"])
+            x = [e["throughput"][0] for e in points]
+            label = "/".join(k for k in (key[0], key[1], key[3], key[4]) if k != "-")
+            (line,) = ax.plot(x, [e["p50_ms"][0] for e in points], "o-", label=f"{label} p50")
+            ax.plot(
+                x,
+                [e["p99_ms"][0] for e in points],
+                "x--",
+                color=line.get_color(),
+                label=f"{label} p99",
+            )
+        ax.set_title(f"{models[0]}: latency vs throughput (concurrency sweep)")
+        ax.set_xlabel("throughput (infer/s)")
+        ax.set_ylabel("latency (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "latency_vs_throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, points in sorted(series.items()):
+        if key[0] != "triton" or key[2] not in (ENS, CLS) or key[4] != "binary":
+            continue
+        points = [e for e in sorted(points, key=lambda e: e["level"]) if e[f"{CLS}_avg_batch"]]
+        if points:
+            ax.plot(
+                [e["level"] for e in points],
+                [e[f"{CLS}_avg_batch"][0] for e in points],
+                "o-",
+                label=f"{key[1]} {key[2]} {key[3]}",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("client concurrency")
+    ax.set_ylabel("classifier: average formed batch")
+    ax.set_title("Formed batch size (statistics API)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "formed_batch_size.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind in ("model", "pipeline"):
+        sizes = sorted({bs for c in raw.values() for bs in c[kind]})
+        med = [
+            statistics.median(c[kind][bs] for c in raw.values() if bs in c[kind]) for bs in sizes
+        ]
+        ax.plot(sizes, med, "o-", label=f"raw {kind} (in-process, by batch size)")
+    for key in ((CLS, "classifier served"), (ENS, "classify served")):
+        points = series.get(("triton", "batching", key[0], "grpc", "binary"), [])
+        points = sorted(points, key=lambda e: e["level"])
+        if points:
+            ax.plot(
+                [e["level"] for e in points],
+                [e["throughput"][0] for e in points],
+                "s--",
+                label=f"{key[1]} gRPC (by concurrency)",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (raw) / concurrency (served)")
+    ax.set_ylabel("images/s")
+    ax.set_title("Raw engine vs served")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "raw_vs_served.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,69 @@
+"""Triton's statistics API, as deltas over one measurement: formed batch sizes, queue, compute."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelDelta:
+    """What one model did between two statistics snapshots."""
+
+    model: str
+    inferences: int
+    executions: int
+    batch_histogram: dict[int, int]  # formed batch size -> executions
+    queue_ms: float  # per request, average
+    compute_ms: float  # per request, average (input + infer + output)
+    request_ms: float  # per request, average end-to-end inside the server
+
+    @property
+    def avg_batch(self) -> float:
+        """Average formed batch size (inferences per execution)."""
+        return self.inferences / self.executions if self.executions else 0.0
+
+
+def snapshot(client, models: Iterable[str]) -> dict[str, dict]:
+    """Raw statistics per model from a ``tritonclient.http`` client."""
+    result = {}
+    for model in models:
+        (stats,) = client.get_inference_statistics(model)["model_stats"]
+        result[model] = stats
+    return result
+
+
+def _ns(stats: dict, key: str, field: str = "ns") -> int:
+    return int(stats.get("inference_stats", {}).get(key, {}).get(field, 0))
+
+
+def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, ModelDelta]:
+    """Per-model differences between two snapshots."""
+    out = {}
+    for model, end in after.items():
+        start = before[model]
+        success = _ns(end, "success", "count") - _ns(start, "success", "count")
+
+        def per_request(key: str, end=end, start=start, success=success) -> float:
+            return (_ns(end, key) - _ns(start, key)) / 1e6 / success if success else 0.0
+
+        started = {
+            b["batch_size"]: int(b["compute_infer"]["count"]) for b in start.get("batch_stats", [])
+        }
+        histogram = {}
+        for b in end.get("batch_stats", []):
+            n = int(b["compute_infer"]["count"]) - started.get(b["batch_size"], 0)
+            if n:
+                histogram[int(b["batch_size"])] = n
+        out[model] = ModelDelta(
+            model=model,
+            inferences=int(end.get("inference_count", 0)) - int(start.get("inference_count", 0)),
+            executions=int(end.get("execution_count", 0)) - int(start.get("execution_count", 0)),
+            batch_histogram=histogram,
+            queue_ms=per_request("queue"),
+            compute_ms=sum(
+                per_request(k) for k in ("compute_input", "compute_infer", "compute_output")
+            ),
+            request_ms=per_request("success"),
+        )
+    return out

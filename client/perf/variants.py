@@ -1,0 +1,120 @@
+"""Serving variants as config overrides, loaded through Triton's model-control API.
+
+No copy of the repository: each variant starts from the configs the server resolved for this
+environment and changes only what it is about (batching, instance count, thread budget).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pipelines import classification as spec
+from server import model_config
+
+log = logging.getLogger(__name__)
+
+STEPS = (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS)
+THREAD_KEYS = ("intra_op_thread_count",)
+
+Mutator = Callable[[mc.ModelConfig], None]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of per-model config changes."""
+
+    name: str
+    description: str
+    changes: dict[str, list[Mutator]] = field(default_factory=dict)
+
+    def configs(self, repository: Path, config_name: str | None) -> dict[str, mc.ModelConfig]:
+        """The full config of every step model under this variant."""
+        configs = {}
+        for model in STEPS:
+            config = model_config.resolve(repository / model, config_name)
+            for change in self.changes.get(model, []):
+                change(config)
+            configs[model] = config
+        return configs
+
+
+def without_dynamic_batching(config: mc.ModelConfig) -> None:
+    """Each request runs on its own (max_batch_size stays, so shapes are unchanged)."""
+    config.ClearField("dynamic_batching")
+
+
+def with_instances(count: int) -> Mutator:
+    """Set the instance count of every instance group."""
+
+    def change(config: mc.ModelConfig) -> None:
+        for group in config.instance_group:
+            group.count = count
+
+    return change
+
+
+def with_threads(threads: int) -> Mutator:
+    """Set onnxruntime's intra-op threads per instance.
+
+    The Python runner and the native onnxruntime backend read the same parameter key.
+    """
+
+    def change(config: mc.ModelConfig) -> None:
+        if any(k in config.parameters for k in THREAD_KEYS):
+            config.parameters["intra_op_thread_count"].string_value = str(threads)
+
+    return change
+
+
+def with_batching(preferred: list[int], delay_us: int) -> Mutator:
+    """Dynamic batching with these preferred sizes and queue delay."""
+
+    def change(config: mc.ModelConfig) -> None:
+        batching = config.dynamic_batching
+        del batching.preferred_batch_size[:]
+        batching.preferred_batch_size.extend(preferred)
+        batching.max_queue_delay_microseconds = delay_us
+
+    return change
+
+
+def standard(server_cores: int, instances: int = 2) -> list[Variant]:
+    """The variants every run compares, sized for the cores the server is pinned to."""
+    fit = with_threads(server_cores)
+    split = max(1, server_cores // instances)
+    return [
+        Variant(
+            "batching",
+            f"repository configs (dynamic batching), classifier threads = {server_cores}",
+            {spec.CLASSIFIER: [fit]},
+        ),
+        Variant(
+            "no-batching",
+            "dynamic batching removed from every step",
+            {
+                m: [without_dynamic_batching] + ([fit] if m == spec.CLASSIFIER else [])
+                for m in STEPS
+            },
+        ),
+        Variant(
+            f"instances-{instances}",
+            f"{instances} instances of preprocess and classifier, {split} thread(s) each",
+            {
+                spec.PREPROCESS: [with_instances(instances)],
+                spec.CLASSIFIER: [with_instances(instances), with_threads(split)],
+            },
+        ),
+    ]
+
+
+def apply(client, variant: Variant, repository: Path, config_name: str | None) -> None:
+    """Load every step with the variant's config, then the ensemble (explicit model control)."""
+    for model, config in variant.configs(repository, config_name).items():
+        client.load_model(model, config=model_config.to_json(config))
+    client.load_model(spec.ENSEMBLE)
+    log.info("variant %s loaded", variant.name)

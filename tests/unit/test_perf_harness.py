@@ -1,0 +1,220 @@
+"""The perf harness's logic on recorded data: CSV parsing, stats deltas, variants, ratios."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from client.perf import harness, perf_analyzer, report, stats, variants
+from pipelines import classification as spec
+from server.launcher import MODEL_REPOSITORY
+
+# Recorded from perf_analyzer 2.51 (-f out.csv --verbose-csv) against the classify ensemble.
+RECORDED_CSV = """\
+Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,\
+Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,\
+p90 latency,p95 latency,p99 latency,request/response,response wait
+1,143.723,8,0,2,70,6012,902,4,6816,7613,8067,8936,12,6896
+4,213.095,19,5499,2,146,11907,1103,8,18220,22791,24152,27978,27,18606
+"""
+
+
+def test_perf_analyzer_csv_is_parsed_into_milliseconds():
+    first, second = perf_analyzer.parse_csv(RECORDED_CSV)
+    assert first.level == 1 and first.throughput == pytest.approx(143.723)
+    assert first.p50_ms == pytest.approx(6.816) and first.p99_ms == pytest.approx(8.936)
+    assert first.server_compute_ms == pytest.approx((70 + 6012 + 902) / 1000)
+    assert second.level == 4 and second.p95_ms == pytest.approx(24.152)
+
+
+def test_request_rate_csv_uses_the_rate_column():
+    text = RECORDED_CSV.replace("Concurrency,", "Request Rate,").replace("\n1,", "\n50,")
+    assert perf_analyzer.parse_csv(text)[0].level == 50
+
+
+def test_run_builds_one_level_commands():
+    run = perf_analyzer.Run("classify", "127.0.0.1:8001", "grpc", input_data=Path("in.json"),
+                            cpus=[0])  # fmt: skip
+    cmd = run.command(Path("out.csv"), 16)
+    assert cmd[:3] == ["taskset", "-c", "0"]
+    assert "--concurrency-range=16:16:1" in cmd and "--input-data=in.json" in cmd
+    assert "--input-tensor-format=json" not in cmd
+    rate = perf_analyzer.Run("classify", "u", "http", mode="rate", tensor_format="json")
+    cmd = rate.command(Path("o.csv"), 40.0)
+    assert "--request-rate-range=40.0:40.0:1" in cmd and "--request-distribution=poisson" in cmd
+    assert "--input-tensor-format=json" in cmd
+    with pytest.raises(ValueError):
+        perf_analyzer.Run("m", "u", mode="bogus").command(Path("o"), 1)
+
+
+def _stats(inferences, executions, batches, success_ns, queue_ns=0, compute_ns=0):
+    return {
+        "inference_count": inferences,
+        "execution_count": executions,
+        "inference_stats": {
+            "success": {"count": inferences, "ns": success_ns},
+            "queue": {"count": inferences, "ns": queue_ns},
+            "compute_input": {"count": inferences, "ns": 0},
+            "compute_infer": {"count": inferences, "ns": compute_ns},
+            "compute_output": {"count": inferences, "ns": 0},
+        },
+        "batch_stats": [
+            {"batch_size": b, "compute_infer": {"count": n}} for b, n in batches.items()
+        ],
+    }
+
+
+def test_stats_delta_gives_formed_batches_and_per_request_times():
+    before = {"m": _stats(10, 10, {1: 10}, 10_000_000)}
+    after = {
+        "m": _stats(50, 20, {1: 12, 4: 8}, 90_000_000, queue_ns=4_000_000, compute_ns=40_000_000)
+    }
+    d = stats.delta(before, after)["m"]
+    assert (d.inferences, d.executions) == (40, 10)
+    assert d.avg_batch == 4.0
+    assert d.batch_histogram == {1: 2, 4: 8}
+    assert d.request_ms == pytest.approx(2.0)  # 80 ms over 40 requests
+    assert d.queue_ms == pytest.approx(0.1) and d.compute_ms == pytest.approx(1.0)
+
+
+def test_variants_override_only_what_they_are_about():
+    by_name = {v.name: v for v in variants.standard(server_cores=2)}
+    base = by_name["batching"].configs(MODEL_REPOSITORY, "local")
+    plain = by_name["no-batching"].configs(MODEL_REPOSITORY, "local")
+    two = by_name["instances-2"].configs(MODEL_REPOSITORY, "local")
+    assert all(c.HasField("dynamic_batching") for c in base.values())
+    assert not any(c.HasField("dynamic_batching") for c in plain.values())
+    assert plain[spec.CLASSIFIER].max_batch_size == base[spec.CLASSIFIER].max_batch_size
+    assert [g.count for g in two[spec.CLASSIFIER].instance_group] == [2]
+    assert two[spec.CLASSIFIER].parameters["intra_op_thread_count"].string_value == "1"
+    assert base[spec.CLASSIFIER].parameters["intra_op_thread_count"].string_value == "2"
+    assert "intra_op_thread_count" not in base[spec.PREPROCESS].parameters
+
+
+def test_cores_are_split_between_server_and_load_generator():
+    assert harness.split_cores([0, 1]) == ([1], [0])
+    assert harness.split_cores(list(range(16))) == (list(range(4, 16)), [0, 1, 2, 3])
+    assert harness.split_cores([3]) == ([3], [3])
+
+
+def test_short_plan_covers_every_metric_and_stays_small():
+    plan = harness.Plan.short()
+    assert plan.size() * plan.rounds <= 60
+    cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
+    assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS}
+    assert {c.protocol for c in cases} == {"grpc", "http"}
+    assert harness.Plan.full().size() > plan.size()
+
+
+def point(throughput, p99, p50=None):
+    return {"throughput": throughput, "p99_ms": p99, "p50_ms": p50 or p99 / 2}
+
+
+def test_equal_p99_ratio_compares_at_the_peers_budget():
+    peer = [point(100, 20), point(150, 60)]
+    ours = [point(120, 10), point(300, 50), point(400, 90)]
+    # Budget = p99 of the peer's best point (60 ms): we reach 300 within it, the peer 150.
+    assert report.equal_p99_ratio(ours, peer) == pytest.approx(2.0)
+    assert report.equal_p99_ratio([], peer) is None
+
+
+def recorded_rows(tmp_path: Path) -> tuple[list[dict], dict]:
+    def row(
+        r, system, variant, model, level, thr, p50, p99, payload="binary", protocol="grpc", **extra
+    ):
+        base = {
+            "round": r,
+            "system": system,
+            "variant": variant,
+            "model": model,
+            "protocol": protocol,
+            "payload": payload,
+            "mode": "concurrency",
+            "level": level,
+            "throughput": thr,
+            "p50_ms": p50,
+            "p90_ms": p99,
+            "p95_ms": p99,
+            "p99_ms": p99,
+            "avg_ms": p50,
+            "server_queue_ms": 0,
+            "server_compute_ms": 0,
+            "error": "",
+            "classifier_batch_histogram": "",
+        }
+        for m in (spec.ENSEMBLE, *variants.STEPS):
+            base[f"{m}_avg_batch"] = extra.get(f"{m}_avg_batch", "")
+            base[f"{m}_request_ms"] = extra.get(f"{m}_request_ms", "")
+        return base
+
+    rows = []
+    for r in (1, 2):
+        rows += [
+            row(r, "triton", "batching", spec.ENSEMBLE, 1, 90, 10.5, 12,
+                classify_request_ms=10.0, preprocess_request_ms=3.0, classifier_request_ms=5.5,
+                postprocess_request_ms=0.9),
+            row(r, "triton", "batching", spec.ENSEMBLE, 16, 133, 120, 130),
+            row(r, "triton", "batching", spec.CLASSIFIER, 1, 150, 6.5, 7),
+            row(r, "triton", "batching", spec.CLASSIFIER, 16, 190, 80, 90, classifier_avg_batch=4),
+            row(r, "triton", "no-batching", spec.CLASSIFIER, 16, 150, 100, 110),
+            row(r, "triton", "batching", spec.PREPROCESS, 16, 400, 40, 50),
+            row(r, "triton", "batching", spec.POSTPROCESS, 16, 5000, 3, 8),
+            row(r, "triton", "batching", spec.CLASSIFIER, 16, 60, 260, 300, payload="json",
+                protocol="http"),
+            row(r, "peer", "-", spec.CLASSIFIER, 16, 30, 500, 600, payload="json",
+                protocol="http"),
+            row(r, "null-peer", "-", spec.CLASSIFIER, 16, 240, 60, 70, payload="json",
+                protocol="http"),
+        ]  # fmt: skip
+    raw = {r: {"model": {1: 200.0, 4: 210.0, 8: 180.0}, "pipeline": {1: 140.0, 8: 130.0}}
+           for r in (1, 2)}  # fmt: skip
+    points_csv, raw_csv = tmp_path / "points.csv", tmp_path / "raw.csv"
+    with open(points_csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(raw_csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["round", "kind", "batch_size", "throughput"])
+        for r, curves in raw.items():
+            for kind, curve in curves.items():
+                writer.writerows([r, kind, bs, v] for bs, v in curve.items())
+    return report.load(points_csv, raw_csv)
+
+
+def test_metrics_from_recorded_rounds(tmp_path):
+    rows, raw = recorded_rows(tmp_path)
+    table = {item["metric"].name: item for item in report.metric_table(rows, raw)}
+
+    def value(prefix):
+        (name,) = [n for n in table if n.startswith(prefix)]
+        return table[name]
+
+    assert value("raw model batching gain")["median"] == pytest.approx(210 / 200)
+    assert value("served batching gain")["median"] == pytest.approx(190 / 150)
+    captured = value("dynamic batching captures")
+    assert captured["median"] == pytest.approx(190 / 210) and captured["met"] is True
+    saturation = value("classify served ÷ raw pipeline, saturation (gRPC)")
+    assert saturation["median"] == pytest.approx(133 / 140) and saturation["met"] is True
+    c1 = value("classify served ÷ raw pipeline, concurrency 1")
+    assert c1["median"] == pytest.approx(90 / 140) and c1["met"] is False
+    assert value("ensemble ÷ its slowest stage")["median"] == pytest.approx(133 / 190)
+    hop = value("serving overhead per step, end to end")
+    assert hop["median"] == pytest.approx((10.5 - 1000 / 140) / 3)
+    assert value("ensemble scheduling overhead")["median"] == pytest.approx((10 - 9.4) / 3)
+    assert value("Triton ÷ peer")["median"] == pytest.approx(2.0)
+    assert value("load generator headroom")["median"] == pytest.approx(4.0)
+
+
+def test_report_and_plots_are_written(tmp_path):
+    rows, raw = recorded_rows(tmp_path)
+    plots = report.write_plots(tmp_path, rows, raw)
+    assert all(p.exists() and p.stat().st_size > 10_000 for p in plots)
+    md = report.write_markdown(tmp_path / "report.md", rows, raw, ["method line"], plots)
+    text = md.read_text()
+    assert text.startswith("# Performance report\n\n## Method\n\n- method line")
+    row = "| classify served ÷ raw pipeline, concurrency 1 (gRPC) | 0.64x [0.64x – 0.64x] |"
+    assert f"{row} ≥ 0.85x | **no** |" in text
+    assert "![latency_vs_throughput](latency_vs_throughput.png)" in text
