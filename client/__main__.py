@@ -5,6 +5,7 @@ Examples:
     python -m client classify cat.jpg --protocol grpc --url localhost:8001
     python -m client samples samples/      # write the bundled sample photos as JPEG files
     python -m client perf [--full]         # benchmark: perf_analyzer, raw engine, peer; report
+    python -m client tune classifier --p99-ms 40   # SLO tuner: writes configs/local-tuned.pbtxt
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _add_connection_args(cls)
     perf_cli.add_parser(sub)
+    perf_cli.add_tune_parser(sub)
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
     smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
@@ -82,7 +84,12 @@ def samples(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: exit 0 on success, 1 with a one-line message on a known failure."""
     args = parse_args(argv)
-    commands = {"classify": classify, "samples": samples, "perf": perf_cli.run}
+    commands = {
+        "classify": classify,
+        "samples": samples,
+        "perf": perf_cli.run,
+        "tune": perf_cli.tune_run,
+    }
     try:
         return commands[args.command](args)
     except connection.ClientError as exc:

@@ -1,13 +1,17 @@
-"""``python -m client perf``: run the benchmark and write CSV, a markdown report and plots."""
+"""`python -m client perf` (benchmark, report, plots) and `python -m client tune` (SLO tuner)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
 
-from client.perf import harness, report, variants
+import tritonclient.http as http
+
+from client.perf import harness, inputs, perf_analyzer, report, tune, variants
+from pipelines import classification as spec
 
 EXAMPLES = """
 examples:
@@ -104,4 +108,123 @@ def run(args: argparse.Namespace) -> int:
         if item["values"]:
             met = {None: "", True: "  [met]", False: "  [NOT met]"}[item["met"]]
             print(f"  {item['metric'].name}: {item['median']:.3f}{met}")
+    return 0
+
+
+TUNE_EXAMPLES = """
+examples:
+  python -m client tune classifier --p99-ms 40 --budget-s 300
+  python -m client tune classify --p99-ms 80 --budget-s 300 --config-name local-tuned
+  python -m client tune classifier --p99-ms 40 --brute-force   # also verify every candidate
+then serve with:  python -m server --model-config-name local-tuned
+"""
+
+
+def add_tune_parser(sub) -> None:
+    """Register the ``tune`` subcommand."""
+    p = sub.add_parser(
+        "tune",
+        help="find the config with the most throughput within a p99 target; write it",
+        description=tune.__doc__,
+        epilog=TUNE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", choices=(spec.CLASSIFIER, spec.ENSEMBLE))
+    p.add_argument("--p99-ms", type=float, required=True, help="latency SLO (client-side p99)")
+    p.add_argument("--budget-s", type=float, default=300, help="time budget for verification")
+    p.add_argument("--config-name", default="local-tuned", help="write configs/<name>.pbtxt")
+    p.add_argument("--brute-force", action="store_true", help="also verify every candidate")
+    p.add_argument("--out", type=Path, help="results folder (default results/tune-<time>)")
+    p.add_argument("--server-cpus")
+    p.add_argument("--client-cpus")
+
+
+def tune_run(args: argparse.Namespace) -> int:
+    """Measure raw curves, rank candidates, verify within the budget, write the winner."""
+    from pipelines.reference import ReferenceClassifier
+    from server import Server, ServerConfig
+    from server.launcher import MODEL_REPOSITORY
+
+    started = time.monotonic()
+    cores = sorted(os.sched_getaffinity(0))
+    server_cpus, client_cpus = harness.split_cores(cores)
+    server_cpus = _cpus(args.server_cpus) or server_cpus
+    client_cpus = _cpus(args.client_cpus) or client_cpus
+    out = args.out or Path("results") / time.strftime("tune-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    n_cores = len(server_cpus)
+    space = tune.candidates(max_batch=32, max_instances=max(2, n_cores))
+    budgets = sorted({max(1, n_cores // c.instances) for c in space})
+    kind = "model" if args.model == spec.CLASSIFIER else "pipeline"
+    plan = harness.Plan.short()
+    plan.raw_model_batches = plan.raw_pipeline_batches = list(tune.BATCHES)
+    plan.raw_seconds = 1.0
+    raw = {}
+    for threads in budgets:
+        raw[threads] = harness.measure_raw(server_cpus, threads, plan)[kind]
+        print(
+            f"raw {kind} curve, {threads} thread(s): "
+            + ", ".join(f"b{b}: {v:.0f}/s" for b, v in raw[threads].items())
+        )
+    ranked = tune.rank(space, raw, n_cores, args.p99_ms)
+    print(f"{len(space)} candidates, {len(ranked)} predicted to meet p99 <= {args.p99_ms} ms")
+    data = inputs.write(args.model, out, ReferenceClassifier(harness.ONNX))
+    config = ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        cpus=server_cpus,
+        extra_args=["--model-control-mode=explicit", "--load-model=*"],
+    )
+    with (
+        Server(config, log_path=out / "tritonserver.log") as server,
+        http.InferenceServerClient(server.http_url) as client,
+    ):
+        base = server.config.model_config_name
+
+        def load(candidate: tune.Candidate) -> None:
+            variant = tune.variant_for(candidate, args.model, n_cores)
+            variants.apply(client, variant, MODEL_REPOSITORY, base)
+
+        def measure(level: int) -> perf_analyzer.Point:
+            run = perf_analyzer.Run(
+                args.model, server.grpc_url, "grpc", input_data=data, cpus=client_cpus
+            )
+            try:
+                return perf_analyzer.measure(run, level)
+            except perf_analyzer.PerfAnalyzerError:
+                # Treat an unmeasurable level as an SLO break: the search stops there.
+                return perf_analyzer.Point(level, 0, *([float("inf")] * 5), 0, 0)
+
+        remaining = args.budget_s - (time.monotonic() - started)
+        print(f"verifying with perf_analyzer, {remaining:.0f} s of budget left")
+        results = tune.search(ranked, load, measure, args.p99_ms, remaining)
+        brute = None
+        if args.brute_force:
+            print(f"brute force: verifying all {len(space)} candidates")
+            brute = tune.search(
+                [tune.Prediction(c, 0, 0) for c in space], load, measure, args.p99_ms, float("inf")
+            )
+    outcome = tune.summary(results, brute)
+    outcome["total_seconds"] = time.monotonic() - started
+    (out / "tune.json").write_text(json.dumps(outcome, indent=2))
+    winner = tune.best(results)
+    if winner is None:
+        print(f"no candidate met p99 <= {args.p99_ms} ms; nothing written")
+        return 1
+    header = (
+        f"Written by `python -m client tune {args.model} --p99-ms {args.p99_ms}`: "
+        f"{winner.throughput:.1f} infer/s at p99 {winner.p99_ms:.1f} ms (c={winner.concurrency}, "
+        f"perf_analyzer gRPC, server on {n_cores} core(s))."
+    )
+    variant = tune.variant_for(winner.candidate, args.model, n_cores)
+    for path in tune.write_configs(variant, MODEL_REPOSITORY, base, args.config_name, header):
+        print(tune.describe(path))
+    print(f"best: {winner.candidate.label()} -> {winner.throughput:.1f}/s, p99 {winner.p99_ms:.1f}")
+    if "tuner_vs_brute_force" in outcome:
+        print(
+            f"tuner / brute force: {outcome['tuner_vs_brute_force']:.3f} "
+            f"({outcome['tuner_seconds']:.0f} s vs {outcome['brute_force_seconds']:.0f} s)"
+        )
+    print(f"details: {out / 'tune.json'}")
     return 0

@@ -1,0 +1,126 @@
+"""The SLO tuner's model and search on recorded curves (no server)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from client.perf import perf_analyzer, tune
+from pipelines import classification as spec
+from server import model_config
+from server.launcher import MODEL_REPOSITORY
+
+# Raw EfficientNet-Lite0 curves measured here (images/s by batch size, per thread budget).
+RAW = {
+    1: {1: 212.0, 2: 211.0, 4: 209.0, 8: 189.0, 16: 176.0, 32: 152.0},
+    2: {1: 307.0, 2: 350.0, 4: 379.0, 8: 351.0, 16: 314.0, 32: 299.0},
+}
+
+
+def test_prediction_follows_the_raw_curve():
+    one = tune.predict(tune.Candidate(1, 0, 1), RAW[2])
+    four = tune.predict(tune.Candidate(4, 0, 1), RAW[2])
+    assert one.capacity == pytest.approx(307.0)
+    assert four.capacity == pytest.approx(379.0)
+    assert four.p99_ms == pytest.approx(tune.TAIL * 2 * 1000 * 4 / 379)
+    delayed = tune.predict(tune.Candidate(4, 5000, 1), RAW[2])
+    assert delayed.p99_ms == pytest.approx(four.p99_ms + tune.TAIL * 5)
+
+
+def test_ranking_prunes_what_cannot_meet_the_slo():
+    space = tune.candidates(max_batch=32, max_instances=2)
+    assert len(space) == len(tune.BATCHES) * len(tune.DELAYS_US) * 2
+    ranked = tune.rank(space, RAW, cores=2, slo_ms=40)
+    assert ranked and all(p.p99_ms <= 40 for p in ranked)
+    assert len(ranked) < len(space)
+    capacities = [p.capacity for p in ranked]
+    assert capacities == sorted(capacities, reverse=True)
+    assert all(p.candidate.preferred_batch < 32 for p in ranked)  # b=32 takes > 100 ms
+
+
+def curve(capacity: float, base_ms: float):
+    """A closed-loop server: latency grows with concurrency once capacity is reached."""
+    calls = []
+
+    def measure(level: int) -> perf_analyzer.Point:
+        calls.append(level)
+        throughput = min(capacity, level * 1000 / base_ms)
+        latency = max(base_ms, level * 1000 / capacity)
+        return perf_analyzer.Point(level, throughput, latency, latency, latency, latency * 1.2,
+                                   latency, 0, 0)  # fmt: skip
+
+    return measure, calls
+
+
+def batching_curve():
+    """Throughput keeps growing with concurrency (batches fill), and so does latency."""
+    calls = []
+
+    def measure(level: int) -> perf_analyzer.Point:
+        calls.append(level)
+        throughput = 300 * level / (level + 4)
+        latency = 1000 * level / throughput
+        return perf_analyzer.Point(level, throughput, latency, latency, latency, latency * 1.2,
+                                   latency, 0, 0)  # fmt: skip
+
+    return measure, calls
+
+
+def test_search_doubles_then_bisects_until_the_slo_breaks():
+    measure, calls = batching_curve()
+    throughput, p99, level = tune.max_throughput_under_slo(measure, slo_ms=60)
+    # p99 at c=8 is 48 ms, at c=16 80 ms (breaks); the bisection tries 12 (64 ms, breaks too).
+    assert calls == [1, 2, 4, 8, 16, 12]
+    assert (round(throughput), level) == (200, 8)
+    assert p99 == pytest.approx(48)
+
+
+def test_search_stops_once_more_clients_add_no_throughput():
+    measure, calls = curve(capacity=200, base_ms=10)
+    throughput, _, level = tune.max_throughput_under_slo(measure, slo_ms=500)
+    assert calls == [1, 2, 4]
+    assert (throughput, level) == (200, 2)
+
+
+def test_search_reports_zero_when_even_one_client_is_too_slow():
+    measure, _ = curve(capacity=50, base_ms=100)
+    assert tune.max_throughput_under_slo(measure, slo_ms=50)[0] == 0
+
+
+def test_search_stops_at_the_budget_but_verifies_at_least_one():
+    ranked = tune.rank(tune.candidates(32, 2), RAW, cores=2, slo_ms=60)
+    loaded = []
+    measure, _ = curve(capacity=300, base_ms=5)
+    results = tune.search(ranked, loaded.append, measure, 60, budget_s=0, progress=lambda _: None)
+    assert len(results) == 1 and loaded == [ranked[0].candidate]
+    everything = tune.search(ranked, loaded.append, measure, 60, budget_s=1e9,
+                             progress=lambda _: None)  # fmt: skip
+    assert len(everything) == len(ranked)
+    assert tune.best(everything).throughput == 300
+
+
+def test_the_winner_is_written_as_a_valid_config(tmp_path):
+    repository = tmp_path / "repo"
+    for step in (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS):
+        shutil.copytree(MODEL_REPOSITORY / step, repository / step,
+                        ignore=shutil.ignore_patterns("*.onnx"))  # fmt: skip
+    variant = tune.variant_for(tune.Candidate(4, 500, 2), spec.ENSEMBLE, cores=2)
+    paths = tune.write_configs(variant, repository, "local", "local-tuned", "header line")
+    assert sorted(p.parent.parent.name for p in paths) == [spec.CLASSIFIER, spec.PREPROCESS]
+    classifier = model_config.parse(repository / spec.CLASSIFIER / "configs/local-tuned.pbtxt")
+    assert classifier.backend == "python"  # derived from configs/local.pbtxt
+    assert list(classifier.dynamic_batching.preferred_batch_size) == [4]
+    assert classifier.dynamic_batching.max_queue_delay_microseconds == 500
+    assert classifier.instance_group[0].count == 2
+    assert classifier.parameters["intra_op_thread_count"].string_value == "1"
+    assert paths[0].read_text().startswith("# header line\n")
+    assert "preferred [4], delay 500 us" in tune.describe(paths[0])
+
+
+def test_summary_compares_with_brute_force():
+    a = tune.Verified(tune.Candidate(1, 0, 1), 190.0, 30.0, 4, 20.0)
+    b = tune.Verified(tune.Candidate(2, 0, 1), 200.0, 35.0, 8, 25.0)
+    out = tune.summary([a], [a, b])
+    assert out["tuner_vs_brute_force"] == pytest.approx(0.95)
+    assert out["brute_force_seconds"] == 45.0 and out["tuner_verified"] == 1
