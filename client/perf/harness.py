@@ -65,7 +65,7 @@ class Plan:
     # variant name -> [(model, protocol, levels)]
     others: dict[str, list[tuple[str, str, list[int]]]]
     rate_fractions: list[float]  # of the ensemble's saturated throughput in the same round
-    peer_levels: list[int]
+    peer_levels: dict[str, list[int]]  # payload (binary | json) -> concurrency levels
     null_levels: list[int]
     raw_model_batches: list[int]
     raw_pipeline_batches: list[int]
@@ -79,9 +79,11 @@ class Plan:
             rounds=2,
             main={
                 (spec.ENSEMBLE, "grpc", "binary"): [1, 4, 16],
-                (spec.ENSEMBLE, "http", "binary"): [1, 16],
+                (spec.ENSEMBLE, "http", "binary"): [16],
                 (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
-                (spec.CLASSIFIER, "http", "json"): [1, 16],
+                (spec.CLASSIFIER, "http", "binary"): [1, 16],
+                # 150k floats of JSON per image: perf_analyzer itself tops out near 60/s here.
+                (spec.CLASSIFIER, "http", "json"): [16],
                 (spec.PREPROCESS, "grpc", "binary"): [16],
                 (spec.POSTPROCESS, "grpc", "binary"): [16],
             },
@@ -90,7 +92,7 @@ class Plan:
                 "instances-2": [(spec.ENSEMBLE, "grpc", [16])],
             },
             rate_fractions=[0.5, 0.9],
-            peer_levels=[1, 16],
+            peer_levels={"binary": [1, 16], "json": [16]},
             null_levels=[16],
             raw_model_batches=[1, 4, 8, 16, 32],
             raw_pipeline_batches=[1, 8],
@@ -114,7 +116,7 @@ class Plan:
                 for name in ("no-batching", "instances-2")
             },
             rate_fractions=[0.25, 0.5, 0.75, 0.9, 1.0],
-            peer_levels=levels,
+            peer_levels={"binary": levels, "json": levels},
             null_levels=[1, 16, 32],
             raw_model_batches=[1, 2, 4, 8, 16, 32],
             raw_pipeline_batches=[1, 4, 8, 16],
@@ -136,7 +138,8 @@ class Plan:
         """Load levels measured in one round (for progress and ETA)."""
         n = sum(len(v) for v in self.main.values())
         n += sum(len(levels) for cases in self.others.values() for _, _, levels in cases)
-        return n + len(self.rate_fractions) + len(self.peer_levels) + len(self.null_levels)
+        peers = sum(len(v) for v in self.peer_levels.values()) + 2 * len(self.null_levels)
+        return n + len(self.rate_fractions) + peers
 
 
 def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
@@ -293,7 +296,7 @@ class Runner:
                         self._measure(r, case, urls[case.protocol], source, client)
                     if variant.name == "batching":
                         self._rate_sweep(r, urls["grpc"], data[spec.ENSEMBLE], client)
-                self._peers(r, json_data, threads)
+                self._peers(r, {"json": json_data, "binary": data[spec.CLASSIFIER]}, threads)
 
     def _rate_sweep(self, round_: int, url: str, data: Path, client) -> None:
         saturated = max(
@@ -310,22 +313,27 @@ class Runner:
             ),
             default=0.0,
         )
+        if not saturated:
+            self.progress("  rate sweep skipped: no saturated ensemble throughput this round")
+            self.done += len(self.plan.rate_fractions)
+            return
         for fraction in self.plan.rate_fractions:
             level = max(1.0, round(fraction * saturated))
             case = Case("triton", "batching", spec.ENSEMBLE, "grpc", "binary", "rate", level)
             self._measure(round_, case, url, data, client)
 
-    def _peers(self, round_: int, json_data: Path, threads: int) -> None:
+    def _peers(self, round_: int, data: dict[str, Path], threads: int) -> None:
         from client.perf.peer import PeerServer
 
+        null_levels = {payload: self.plan.null_levels for payload in data}
         for system, model_path, levels in (
             ("peer", ONNX, self.plan.peer_levels),
-            ("null-peer", None, self.plan.null_levels),
+            ("null-peer", None, null_levels),
         ):
             with PeerServer(model_path, cpus=self.server_cpus, intra_op_threads=threads) as peer:
-                for level in levels:
-                    case = Case(system, "-", spec.CLASSIFIER, "http", "json", "concurrency", level)
-                    self._measure(round_, case, peer.url, json_data)
+                for payload, level in ((p, x) for p, xs in levels.items() for x in xs):
+                    case = Case(system, "-", spec.CLASSIFIER, "http", payload, "concurrency", level)
+                    self._measure(round_, case, peer.url, data[payload])
 
     def write_csv(self) -> tuple[Path, Path]:
         """points.csv (one line per measured case and round) and raw.csv."""

@@ -116,7 +116,8 @@ class Run:
         else:
             raise ValueError(f"mode must be concurrency or rate, got {self.mode!r}")
         if self.input_data:
-            cmd += [f"--input-data={self.input_data}"]
+            # Absolute: perf_analyzer runs in a scratch directory.
+            cmd += [f"--input-data={Path(self.input_data).resolve()}"]
         if self.protocol == "http" and self.tensor_format == "json":
             cmd += ["--input-tensor-format=json", "--output-tensor-format=json"]
         cmd += list(self.extra)
@@ -212,8 +213,11 @@ def _measure_once(run: Run, level: float, timeout: float) -> Point:
             cmd, capture_output=True, text=True, env=environment(), timeout=timeout, cwd=tmp
         )
         if done.returncode != 0 or not csv_path.exists():
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-            raise PerfAnalyzerError(f"perf_analyzer failed ({done.returncode}):\n{tail}")
+            lines = (done.stdout + done.stderr).splitlines()
+            # The cause is the first line for argument errors and the last ones otherwise.
+            shown = lines if len(lines) <= 12 else [*lines[:3], "...", *lines[-8:]]
+            message = "\n".join(shown)
+            raise PerfAnalyzerError(f"perf_analyzer failed ({done.returncode}): {message}")
         points = parse_csv(csv_path.read_text())
     if len(points) != 1:
         raise PerfAnalyzerError(f"expected one CSV row, got {len(points)}")

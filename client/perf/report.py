@@ -133,14 +133,6 @@ def _hop_end_to_end(rows, raw) -> float | None:
     return (row["p50_ms"] - 1000.0 / raw["pipeline"][1]) / STEPS
 
 
-def _hop_in_server(rows, raw) -> float | None:
-    row = one(rows, **_triton(ENS, level=1))
-    if not row or row.get(f"{ENS}_request_ms") in ("", None):
-        return None
-    steps = sum(row[f"{m}_request_ms"] for m in (PRE, CLS, POST))
-    return (row[f"{ENS}_request_ms"] - steps) / STEPS
-
-
 def _slowest_stage(rows, raw) -> float | None:
     stages = [_thr(rows, **_triton(m, level=16)) for m in (PRE, CLS, POST)]
     if any(s is None for s in stages):
@@ -148,17 +140,25 @@ def _slowest_stage(rows, raw) -> float | None:
     return _ratio(_thr(rows, **_triton(ENS, level=16)), min(stages))
 
 
-def _peer_ratio(rows, raw) -> float | None:
-    ours = find(rows, **_triton(CLS, protocol="http", payload="json"))
-    theirs = find(rows, system="peer", model=CLS)
-    return equal_p99_ratio(ours, theirs)
+def _peer_ratio(payload: str) -> Callable[[list[dict], dict], float | None]:
+    def compute(rows, raw):
+        ours = find(rows, **_triton(CLS, protocol="http", payload=payload))
+        theirs = find(rows, system="peer", model=CLS, payload=payload)
+        return equal_p99_ratio(ours, theirs)
+
+    return compute
 
 
-def _generator_headroom(rows, raw) -> float | None:
-    null = _saturated(rows, system="null-peer")
-    json_rows = find(rows, payload="json")
-    fastest = max((r["throughput"] for r in json_rows if r["system"] != "null-peer"), default=None)
-    return _ratio(null, fastest)
+def _generator_headroom(payload: str) -> Callable[[list[dict], dict], float | None]:
+    def compute(rows, raw):
+        null = _saturated(rows, system="null-peer", payload=payload)
+        measured = find(rows, payload=payload, protocol="http")
+        fastest = max(
+            (r["throughput"] for r in measured if r["system"] != "null-peer"), default=None
+        )
+        return _ratio(null, fastest)
+
+    return compute
 
 
 METRICS = [
@@ -207,23 +207,28 @@ METRICS = [
         unit=" ms",
     ),
     Metric(
-        "ensemble scheduling overhead per step, in server (stats API)",
-        _hop_in_server,
-        target=0.5,
-        higher_is_better=False,
-        unit=" ms",
-    ),
-    Metric(
         "Triton ÷ peer (FastAPI micro-batcher), same JSON payload, equal p99",
-        _peer_ratio,
+        _peer_ratio("json"),
         target=2.0,
         note="target applies where serving overhead matters; EfficientNet here is compute-bound",
     ),
     Metric(
-        "load generator headroom (null model ÷ fastest JSON result)",
-        _generator_headroom,
+        "Triton ÷ peer, same binary-tensor payload, equal p99",
+        _peer_ratio("binary"),
+        target=2.0,
+        note="as above",
+    ),
+    Metric(
+        "load generator headroom, JSON (null model ÷ fastest JSON result)",
+        _generator_headroom("json"),
         target=2.0,
         note="≥ 2 means no result was capped by the harness",
+    ),
+    Metric(
+        "load generator headroom, binary HTTP (null model ÷ fastest binary HTTP result)",
+        _generator_headroom("binary"),
+        target=2.0,
+        note="as above",
     ),
 ]
 

@@ -39,7 +39,9 @@ def test_run_builds_one_level_commands():
                             cpus=[0])  # fmt: skip
     cmd = run.command(Path("out.csv"), 16)
     assert cmd[:3] == ["taskset", "-c", "0"]
-    assert "--concurrency-range=16:16:1" in cmd and "--input-data=in.json" in cmd
+    assert (
+        "--concurrency-range=16:16:1" in cmd and f"--input-data={Path('in.json').resolve()}" in cmd
+    )
     assert "--input-tensor-format=json" not in cmd
     rate = perf_analyzer.Run("classify", "u", "http", mode="rate", tensor_format="json")
     cmd = rate.command(Path("o.csv"), 40.0)
@@ -203,9 +205,9 @@ def test_metrics_from_recorded_rounds(tmp_path):
     assert value("ensemble ÷ its slowest stage")["median"] == pytest.approx(133 / 190)
     hop = value("serving overhead per step, end to end")
     assert hop["median"] == pytest.approx((10.5 - 1000 / 140) / 3)
-    assert value("ensemble scheduling overhead")["median"] == pytest.approx((10 - 9.4) / 3)
-    assert value("Triton ÷ peer")["median"] == pytest.approx(2.0)
-    assert value("load generator headroom")["median"] == pytest.approx(4.0)
+    assert value("Triton ÷ peer (FastAPI")["median"] == pytest.approx(2.0)
+    assert value("Triton ÷ peer, same binary")["values"] == []  # no binary peer rows recorded
+    assert value("load generator headroom, JSON")["median"] == pytest.approx(4.0)
 
 
 def test_report_and_plots_are_written(tmp_path):
