@@ -154,7 +154,7 @@ def tune_run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n_cores = len(server_cpus)
     space = tune.candidates(max_batch=32, max_instances=max(2, n_cores))
-    budgets = sorted({max(1, n_cores // c.instances) for c in space})
+    budgets = sorted({tune.threads_for(c, n_cores) for c in space})
     kind = "model" if args.model == spec.CLASSIFIER else "pipeline"
     plan = harness.Plan.short()
     plan.raw_model_batches = plan.raw_pipeline_batches = list(tune.BATCHES)

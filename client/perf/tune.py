@@ -65,23 +65,34 @@ class Prediction:
         return self.p99_ms <= slo_ms
 
 
-def predict(candidate: Candidate, raw: dict[int, float], overhead_ms: float = 0.0) -> Prediction:
+def threads_for(candidate: Candidate, cores: int) -> int:
+    """Threads per instance for onnxruntime: the server's cores split between instances."""
+    return max(1, cores // candidate.instances)
+
+
+def predict(
+    candidate: Candidate, raw: dict[int, float], cores: int, overhead_ms: float = 0.0
+) -> Prediction:
     """Capacity and p99 of a candidate from the raw curve of its thread budget.
+
+    A request at saturation waits for the batch ahead of it, then for its own; the queue delay
+    adds up to ``delay_us`` when batches do not fill. Instances share the server's cores, so
+    capacity is ``instances × raw(b)`` only while each has cores of its own.
 
     Args:
         candidate: the configuration.
         raw: items/s of ONE instance at each batch size, with that instance's thread budget.
+        cores: cores the server is pinned to.
         overhead_ms: serving cost per execution beyond the raw engine (measured or 0).
-
-    A request at saturation waits for the batch ahead of it, then for its own; the queue delay
-    adds up to ``delay_us`` when batches do not fill. Instances share the machine's cores, so
-    capacity is ``instances × raw(b)`` only as far as the raw curve of the split budget allows.
     """
+    threads = threads_for(candidate, cores)
     b = candidate.preferred_batch
     if b not in raw:
         b = max(size for size in raw if size <= b)
     service_ms = 1000.0 * b / raw[b] + overhead_ms
-    capacity = candidate.instances * 1000.0 * b / service_ms
+    # Instances run in parallel only as far as there are cores for their threads.
+    parallel = min(candidate.instances, max(1.0, cores / threads))
+    capacity = parallel * 1000.0 * b / service_ms
     mean_ms = 2 * service_ms + candidate.delay_us / 1000.0
     return Prediction(candidate, capacity, TAIL * mean_ms)
 
@@ -104,8 +115,7 @@ def rank(
     """Feasible candidates, best predicted capacity first (smaller batches break ties)."""
     predictions = []
     for c in space:
-        threads = max(1, cores // c.instances)
-        prediction = predict(c, raw_by_threads[threads])
+        prediction = predict(c, raw_by_threads[threads_for(c, cores)], cores)
         if prediction.feasible(slo_ms):
             predictions.append(prediction)
     return sorted(
@@ -178,14 +188,21 @@ def search(
     budget_s: float,
     progress: Callable[[str], None] = print,
 ) -> list[Verified]:
-    """Verify candidates in predicted order until the budget is spent (at least one)."""
-    results: list[Verified] = []
+    """Verify candidates until the budget is spent (always at least one).
+
+    Stage 1 verifies one candidate per (batch, instances) shape, the smallest feasible delay,
+    in predicted order: the raw curve is only a few percent apart between neighbouring batch
+    sizes, so the shapes are measured rather than trusted. Stage 2 spends what is left on the
+    other queue delays of the best measured shape.
+    """
     started = time.monotonic()
-    for prediction in ranked:
+    results: list[Verified] = []
+
+    def affordable() -> bool:
         spent = time.monotonic() - started
-        average = spent / len(results) if results else 0.0
-        if results and spent + average > budget_s:
-            break
+        return not results or spent + spent / len(results) <= budget_s
+
+    def run(prediction: Prediction) -> None:
         result = verify(prediction.candidate, load, measure, slo_ms)
         results.append(result)
         progress(
@@ -193,6 +210,28 @@ def search(
             f"p99 {prediction.p99_ms:6.1f} ms -> measured {result.throughput:7.1f}/s "
             f"p99 {result.p99_ms:6.1f} ms at c={result.concurrency} ({result.seconds:.0f} s)"
         )
+
+    shapes: dict[tuple[int, int], Prediction] = {}
+    for p in ranked:
+        shapes.setdefault((p.candidate.preferred_batch, p.candidate.instances), p)
+    for prediction in shapes.values():
+        if not affordable():
+            return results
+        run(prediction)
+    winner = best(results)
+    if winner is None:
+        return results
+    tried = {r.candidate for r in results}
+    for prediction in ranked:
+        c = prediction.candidate
+        same_shape = (c.preferred_batch, c.instances) == (
+            winner.candidate.preferred_batch,
+            winner.candidate.instances,
+        )
+        if same_shape and c not in tried:
+            if not affordable():
+                break
+            run(prediction)
     return results
 
 
@@ -217,7 +256,7 @@ def tuned_models(model: str) -> tuple[str, ...]:
 
 def variant_for(candidate: Candidate, model: str, cores: int) -> variants.Variant:
     """The config changes a candidate makes."""
-    threads = max(1, cores // candidate.instances)
+    threads = threads_for(candidate, cores)
     changes = {
         step: [
             variants.with_instances(candidate.instances),

@@ -19,13 +19,21 @@ RAW = {
 
 
 def test_prediction_follows_the_raw_curve():
-    one = tune.predict(tune.Candidate(1, 0, 1), RAW[2])
-    four = tune.predict(tune.Candidate(4, 0, 1), RAW[2])
+    one = tune.predict(tune.Candidate(1, 0, 1), RAW[2], cores=2)
+    four = tune.predict(tune.Candidate(4, 0, 1), RAW[2], cores=2)
     assert one.capacity == pytest.approx(307.0)
     assert four.capacity == pytest.approx(379.0)
     assert four.p99_ms == pytest.approx(tune.TAIL * 2 * 1000 * 4 / 379)
-    delayed = tune.predict(tune.Candidate(4, 5000, 1), RAW[2])
+    delayed = tune.predict(tune.Candidate(4, 5000, 1), RAW[2], cores=2)
     assert delayed.p99_ms == pytest.approx(four.p99_ms + tune.TAIL * 5)
+
+
+def test_instances_share_the_cores():
+    # Two single-thread instances on two cores run side by side; on one core they take turns.
+    two_cores = tune.predict(tune.Candidate(4, 0, 2), RAW[1], cores=2)
+    one_core = tune.predict(tune.Candidate(4, 0, 2), RAW[1], cores=1)
+    assert two_cores.capacity == pytest.approx(2 * 209.0)
+    assert one_core.capacity == pytest.approx(209.0)
 
 
 def test_ranking_prunes_what_cannot_meet_the_slo():
@@ -94,10 +102,32 @@ def test_search_stops_at_the_budget_but_verifies_at_least_one():
     measure, _ = curve(capacity=300, base_ms=5)
     results = tune.search(ranked, loaded.append, measure, 60, budget_s=0, progress=lambda _: None)
     assert len(results) == 1 and loaded == [ranked[0].candidate]
-    everything = tune.search(ranked, loaded.append, measure, 60, budget_s=1e9,
-                             progress=lambda _: None)  # fmt: skip
-    assert len(everything) == len(ranked)
-    assert tune.best(everything).throughput == 300
+
+
+def test_search_measures_every_shape_then_the_delays_of_the_best():
+    ranked = tune.rank(tune.candidates(32, 2), RAW, cores=2, slo_ms=60)
+    shapes = {(p.candidate.preferred_batch, p.candidate.instances) for p in ranked}
+    loaded = []
+
+    def measure_for(candidate_list):
+        def measure(level):
+            c = candidate_list[-1]
+            # The real server likes batch 4 with one instance best, whatever the model said.
+            capacity = 250.0 if (c.preferred_batch, c.instances) == (4, 1) else 150.0
+            return perf_analyzer.Point(level, min(capacity, 50.0 * level), 10, 10, 10, 12, 10,
+                                       0, 0)  # fmt: skip
+
+        return measure
+
+    results = tune.search(ranked, loaded.append, measure_for(loaded), 60, budget_s=1e9,
+                          progress=lambda _: None)  # fmt: skip
+    first_stage = loaded[: len(shapes)]
+    assert {(c.preferred_batch, c.instances) for c in first_stage} == shapes
+    assert all(c.delay_us == min(tune.DELAYS_US) for c in first_stage)
+    rest = loaded[len(shapes) :]
+    assert rest and all((c.preferred_batch, c.instances) == (4, 1) for c in rest)
+    assert len(results) == len(loaded) == len(set(loaded))
+    assert tune.best(results).candidate.preferred_batch == 4
 
 
 def test_the_winner_is_written_as_a_valid_config(tmp_path):
