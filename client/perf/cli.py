@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     for item in report.metric_table(rows, raw):
         if item["values"]:
             met = {None: "", True: "  [met]", False: "  [NOT met]"}[item["met"]]
+            if item.get("capped"):
+                met = "  [capped by the load generator]"
             print(f"  {item['metric'].name}: {item['median']:.3f}{met}")
     return 0
 
@@ -187,8 +189,14 @@ def tune_run(args: argparse.Namespace) -> int:
             variants.apply(client, variant, MODEL_REPOSITORY, base)
 
         def measure(level: int) -> perf_analyzer.Point:
+            # Short windows: the tuner measures many levels; ranking needs less precision.
             run = perf_analyzer.Run(
-                args.model, server.grpc_url, "grpc", input_data=data, cpus=client_cpus
+                args.model,
+                server.grpc_url,
+                "grpc",
+                input_data=data,
+                measurement_ms=1000,
+                cpus=client_cpus,
             )
             try:
                 return perf_analyzer.measure(run, level)

@@ -140,13 +140,14 @@ def max_throughput_under_slo(
 ) -> tuple[float, float, int]:
     """(throughput, p99, concurrency) of the best measured level whose p99 meets the SLO.
 
-    Doubles the concurrency until p99 breaks the SLO (or throughput stops growing), then
-    bisects once between the last good and the first bad level.
+    Doubles the concurrency until p99 breaks the SLO, then bisects once between the last good
+    and the first bad level. It also stops after two doublings in a row that add under 2 %:
+    a plateau, where more clients only add queueing (one flat step can be noise, or batches
+    that have not started to fill).
     """
     best = (0.0, float("inf"), 0)
     good, bad = 0, None
-    level = 1
-    previous = 0.0
+    level, previous, flat = 1, 0.0, 0
     while level <= max_concurrency:
         point = measure(level)
         if point.p99_ms > slo_ms:
@@ -155,9 +156,10 @@ def max_throughput_under_slo(
         if point.throughput > best[0]:
             best = (point.throughput, point.p99_ms, level)
         good = level
-        if point.throughput < previous * 1.02:  # saturated: more clients only add queueing
+        flat = flat + 1 if point.throughput < previous * 1.02 else 0
+        if flat >= 2:
             break
-        previous = point.throughput
+        previous = max(previous, point.throughput)
         level *= 2
     if bad is not None and good and bad - good > 1:
         mid = (good + bad) // 2
