@@ -13,32 +13,25 @@ directories), picks free ports if asked, waits for readiness and stops the serve
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import sysconfig
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from server.process import ManagedProcess, ServerStartError, client_host
+
+__all__ = ["Server", "ServerConfig", "ServerStartError", "find_installation", "free_port"]
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 NGC_ROOT = Path("/opt/tritonserver")
-
-
-class ServerStartError(RuntimeError):
-    """tritonserver exited or did not become ready; the message carries its log tail."""
 
 
 @dataclass(frozen=True)
@@ -133,15 +126,15 @@ class ServerConfig:
     cpus: list[int] | None = None  # pin the server (and its Python stubs) to these cores
 
 
-class Server:
+class Server(ManagedProcess):
     """A tritonserver process. Use as a context manager, or call start() and stop()."""
 
+    name = "tritonserver"
+
     def __init__(self, config: ServerConfig | None = None, log_path: Path | None = None):
+        super().__init__(log_path)
         self.config = config or ServerConfig()
         self.installation = find_installation()
-        self.process: subprocess.Popen | None = None
-        self._own_log = log_path is None
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         if self.config.model_config_name == "auto":
             self.config.model_config_name = detect_environment(self.installation)
 
@@ -149,21 +142,22 @@ class Server:
     @property
     def http_url(self) -> str:
         """host:port of the HTTP endpoint (what tritonclient.http expects)."""
-        return f"{self._client_host}:{self.config.http_port}"
+        return f"{client_host(self.config.host)}:{self.config.http_port}"
 
     @property
     def grpc_url(self) -> str:
         """host:port of the gRPC endpoint."""
-        return f"{self._client_host}:{self.config.grpc_port}"
+        return f"{client_host(self.config.host)}:{self.config.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
         """Full URL of the Prometheus metrics endpoint."""
-        return f"http://{self._client_host}:{self.config.metrics_port}/metrics"
+        return f"http://{client_host(self.config.host)}:{self.config.metrics_port}/metrics"
 
     @property
-    def _client_host(self) -> str:
-        return "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+    def ready_url(self) -> str:
+        """/v2/health/ready: 200 once the server and every model are ready."""
+        return f"http://{self.http_url}/v2/health/ready"
 
     # Process -------------------------------------------------------------------------------
     def command(self) -> list[str]:
@@ -206,83 +200,11 @@ class Server:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         return env
 
-    def start(self, timeout: float = 120.0) -> Server:
-        """Start the server and wait until it and all its models are ready.
-
-        Raises:
-            ServerStartError: the process exited or was not ready within ``timeout``; the message
-                ends with the tail of the server log (which names the model that failed).
-        """
+    def prepare(self) -> None:
+        """Pick free ports where asked (0) and install the Python-backend stub if needed."""
         c = self.config
         for name in ("http_port", "grpc_port", "metrics_port"):
             if getattr(c, name) == 0:
-                setattr(c, name, free_port(self._client_host))
+                setattr(c, name, free_port(client_host(c.host)))
         if self.installation.bundled and self.installation.has_backend("python"):
             install_python_stub(self.installation)
-        log.info("starting %s", " ".join(self.command()))
-        with open(self.log_path, "wb") as log_file:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it cleanly
-            )
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def is_ready(self) -> bool:
-        """True if /v2/health/ready answers 200 (server and every model ready)."""
-        url = f"http://{self.http_url}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    def wait_ready(self, timeout: float) -> None:
-        """Poll readiness until ``timeout``; fail early if the process exits."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(
-                    f"tritonserver exited with status {self.process.returncode} before it was "
-                    f"ready.\n{self.log_tail()}"
-                )
-            if self.is_ready():
-                return
-            time.sleep(0.25)
-        raise ServerStartError(f"tritonserver not ready after {timeout:.0f} s.\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the server log, for error messages."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no server log)"
-        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (Triton drains in-flight requests and unloads models), SIGKILL if it hangs."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("tritonserver did not stop within %.0f s; killing it", timeout)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait()
-
-    def __enter__(self) -> Server:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-        if self._own_log and exc[0] is None:
-            self.log_path.unlink(missing_ok=True)

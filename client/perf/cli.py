@@ -48,6 +48,12 @@ def _cpus(text: str | None) -> list[int] | None:
     return [int(c) for c in text.split(",")] if text else None
 
 
+def cores(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """(server cores, load-generator cores): from the options, else split what we may use."""
+    server_cpus, client_cpus = harness.split_cores(sorted(os.sched_getaffinity(0)))
+    return _cpus(args.server_cpus) or server_cpus, _cpus(args.client_cpus) or client_cpus
+
+
 def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
     """The method paragraph at the top of the report."""
     threads = len(server_cpus)
@@ -86,10 +92,7 @@ def run(args: argparse.Namespace) -> int:
         plan = harness.Plan.full() if args.full else harness.Plan.short()
         if args.rounds:
             plan.rounds = args.rounds
-        cores = sorted(os.sched_getaffinity(0))
-        server_cpus, client_cpus = harness.split_cores(cores)
-        server_cpus = _cpus(args.server_cpus) or server_cpus
-        client_cpus = _cpus(args.client_cpus) or client_cpus
+        server_cpus, client_cpus = cores(args)
         out = args.out or Path("results") / time.strftime("perf-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         runner = harness.Runner(plan, out, server_cpus, client_cpus)
@@ -144,14 +147,11 @@ def add_tune_parser(sub) -> None:
 def tune_run(args: argparse.Namespace) -> int:
     """Measure raw curves, rank candidates, verify within the budget, write the winner."""
     from pipelines.reference import ReferenceClassifier
-    from server import Server, ServerConfig
+    from server import Server
     from server.launcher import MODEL_REPOSITORY
 
     started = time.monotonic()
-    cores = sorted(os.sched_getaffinity(0))
-    server_cpus, client_cpus = harness.split_cores(cores)
-    server_cpus = _cpus(args.server_cpus) or server_cpus
-    client_cpus = _cpus(args.client_cpus) or client_cpus
+    server_cpus, client_cpus = cores(args)
     out = args.out or Path("results") / time.strftime("tune-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     n_cores = len(server_cpus)
@@ -171,13 +171,7 @@ def tune_run(args: argparse.Namespace) -> int:
     ranked = tune.rank(space, raw, n_cores, args.p99_ms)
     print(f"{len(space)} candidates, {len(ranked)} predicted to meet p99 <= {args.p99_ms} ms")
     data = inputs.write(args.model, out, ReferenceClassifier(harness.ONNX))
-    config = ServerConfig(
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        cpus=server_cpus,
-        extra_args=["--model-control-mode=explicit", "--load-model=*"],
-    )
+    config = harness.server_config(server_cpus)
     with (
         Server(config, log_path=out / "tritonserver.log") as server,
         http.InferenceServerClient(server.http_url) as client,
@@ -210,9 +204,7 @@ def tune_run(args: argparse.Namespace) -> int:
         brute = None
         if args.brute_force:
             print(f"brute force: verifying all {len(space)} candidates")
-            brute = tune.search(
-                [tune.Prediction(c, 0, 0) for c in space], load, measure, args.p99_ms, float("inf")
-            )
+            brute = tune.verify_all(space, load, measure, args.p99_ms)
     outcome = tune.summary(results, brute)
     outcome["total_seconds"] = time.monotonic() - started
     (out / "tune.json").write_text(json.dumps(outcome, indent=2))

@@ -179,6 +179,17 @@ class Row:
         return out
 
 
+def server_config(cpus: list[int]) -> ServerConfig:
+    """A pinned server on free ports whose models can be reloaded with config overrides."""
+    return ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        cpus=cpus,
+        extra_args=["--model-control-mode=explicit", "--load-model=*"],
+    )
+
+
 def measure_raw(cpus: list[int], threads: int, plan: Plan) -> dict:
     """The raw engine, pinned to the server's cores with the server's thread budget."""
     cmd = [
@@ -268,13 +279,7 @@ class Runner:
         json_data = inputs.write(spec.CLASSIFIER, data_dir, as_json=True)
         threads = len(self.server_cpus)
         all_variants = variants.standard(threads)
-        config = ServerConfig(
-            http_port=0,
-            grpc_port=0,
-            metrics_port=0,
-            cpus=self.server_cpus,
-            extra_args=["--model-control-mode=explicit", "--load-model=*"],
-        )
+        config = server_config(self.server_cpus)
         with (
             Server(config, log_path=self.out_dir / "tritonserver.log") as server,
             http.InferenceServerClient(server.http_url) as client,

@@ -28,13 +28,8 @@ import logging
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,7 +44,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipelines import classification as spec
 from pipelines import onnx_runner
-from server.launcher import MODEL_REPOSITORY, REPO_ROOT, ServerStartError, free_port
+from server.launcher import MODEL_REPOSITORY, REPO_ROOT, free_port
+from server.process import ManagedProcess, client_host
 
 log = logging.getLogger(__name__)
 
@@ -724,11 +720,14 @@ def create_app(
 
 
 # Running it as a process ------------------------------------------------------------------
-class PeerServer:
+class PeerServer(ManagedProcess):
     """The peer as a subprocess (``python -m client.perf.peer``), optionally pinned to CPUs.
 
     Use as a context manager, or call start() and stop().
     """
+
+    name = "peer"
+    poll_interval = 0.1
 
     def __init__(
         self,
@@ -741,6 +740,7 @@ class PeerServer:
         cpus: list[int] | None = None,
         log_path: Path | None = None,
     ):
+        super().__init__(log_path)
         self.model_path = model_path
         self.port = port
         self.host = host
@@ -748,15 +748,16 @@ class PeerServer:
         self.max_batch = max_batch
         self.max_wait_ms = max_wait_ms
         self.cpus = cpus
-        self.process: subprocess.Popen | None = None
-        self._own_log = log_path is None
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix="peer-", suffix=".log")[1])
 
     @property
     def url(self) -> str:
         """host:port, as perf_analyzer's ``-u`` and tritonclient expect."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"{host}:{self.port}"
+        return f"{client_host(self.host)}:{self.port}"
+
+    @property
+    def ready_url(self) -> str:
+        """/v2/health/ready, as in Triton."""
+        return f"http://{self.url}/v2/health/ready"
 
     def command(self) -> list[str]:
         """The command line: the CLI below, behind ``taskset -c`` when CPUs are given."""
@@ -771,82 +772,28 @@ class PeerServer:
             args = [taskset, "-c", ",".join(str(c) for c in self.cpus), *args]
         return args
 
+    def prepare(self) -> None:
+        """Pick a free port if asked (0)."""
+        if self.port == 0:
+            self.port = free_port(client_host(self.host))
+
+    def environment(self) -> dict[str, str]:
+        """Our environment, with this repository importable."""
+        env = super().environment()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        return env
+
     def start(self, timeout: float = 60.0) -> PeerServer:
-        """Start the process and wait until /v2/health/ready answers 200.
+        """Start the process in the repository and wait until /v2/health/ready answers 200.
 
         Raises:
             ServerStartError: it exited or was not ready in time; the message ends with its log.
         """
-        if self.port == 0:
-            self.port = free_port(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-        log.info("starting %s", " ".join(self.command()))
-        with open(self.log_path, "wb") as log_file:
-            self.process = subprocess.Popen(
-                self.command(),
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C meant for the benchmark reaches us, not it
-            )
-        try:
-            self._wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def is_ready(self) -> bool:
-        """True if /v2/health/ready answers 200."""
-        try:
-            with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(
-                    f"peer exited with status {self.process.returncode} before it was ready.\n"
-                    f"{self.log_tail()}"
-                )
-            if self.is_ready():
-                return
-            time.sleep(0.1)
-        raise ServerStartError(f"peer not ready after {timeout:.0f} s.\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The last lines of the peer's log, for error messages."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no peer log)"
-        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
+        return super().start(timeout, cwd=REPO_ROOT)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM (uvicorn finishes in-flight requests), SIGKILL if it does not exit in time."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("peer did not stop within %.0f s; killing it", timeout)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait()
-
-    def __enter__(self) -> PeerServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-        if self._own_log and exc[0] is None:
-            self.log_path.unlink(missing_ok=True)
+        return super().stop(timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

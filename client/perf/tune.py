@@ -207,11 +207,7 @@ def search(
     def run(prediction: Prediction) -> None:
         result = verify(prediction.candidate, load, measure, slo_ms)
         results.append(result)
-        progress(
-            f"  {prediction.candidate.label():40s} predicted {prediction.capacity:7.1f}/s "
-            f"p99 {prediction.p99_ms:6.1f} ms -> measured {result.throughput:7.1f}/s "
-            f"p99 {result.p99_ms:6.1f} ms at c={result.concurrency} ({result.seconds:.0f} s)"
-        )
+        progress(_line(result, prediction))
 
     shapes: dict[tuple[int, int], Prediction] = {}
     for p in ranked:
@@ -234,6 +230,33 @@ def search(
             if not affordable():
                 break
             run(prediction)
+    return results
+
+
+def _line(result: Verified, prediction: Prediction | None = None) -> str:
+    predicted = (
+        f"predicted {prediction.capacity:7.1f}/s p99 {prediction.p99_ms:6.1f} ms -> "
+        if prediction
+        else ""
+    )
+    return (
+        f"  {result.candidate.label():40s} {predicted}measured {result.throughput:7.1f}/s "
+        f"p99 {result.p99_ms:6.1f} ms at c={result.concurrency} ({result.seconds:.0f} s)"
+    )
+
+
+def verify_all(
+    space: Sequence[Candidate],
+    load: Callable[[Candidate], None],
+    measure: Callable[[int], perf_analyzer.Point],
+    slo_ms: float,
+    progress: Callable[[str], None] = print,
+) -> list[Verified]:
+    """Brute force: verify every candidate, no model, no budget."""
+    results = []
+    for candidate in space:
+        results.append(verify(candidate, load, measure, slo_ms))
+        progress(_line(results[-1]))
     return results
 
 

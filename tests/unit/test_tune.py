@@ -154,3 +154,11 @@ def test_summary_compares_with_brute_force():
     out = tune.summary([a], [a, b])
     assert out["tuner_vs_brute_force"] == pytest.approx(0.95)
     assert out["brute_force_seconds"] == 45.0 and out["tuner_verified"] == 1
+
+
+def test_brute_force_verifies_every_candidate():
+    space = tune.candidates(max_batch=4, max_instances=2)
+    loaded = []
+    measure, _ = curve(capacity=300, base_ms=5)
+    results = tune.verify_all(space, loaded.append, measure, 60, progress=lambda _: None)
+    assert loaded == space and len(results) == len(space)
