@@ -64,7 +64,8 @@ class Plan:
     main: dict[tuple[str, str, str], list[int]]
     # variant name -> [(model, protocol, levels)]
     others: dict[str, list[tuple[str, str, list[int]]]]
-    rate_fractions: list[float]  # of the ensemble's saturated throughput in the same round
+    rate_fractions: list[float]  # of the saturated throughput in the same round
+    rate_targets: list[tuple[str, str]]  # (model, protocol) with a Poisson request-rate sweep
     peer_levels: dict[str, list[int]]  # payload (binary | json) -> concurrency levels
     null_levels: list[int]
     raw_model_batches: list[int]
@@ -92,6 +93,7 @@ class Plan:
                 "instances-2": [(spec.ENSEMBLE, "grpc", [16])],
             },
             rate_fractions=[0.5, 0.9],
+            rate_targets=[(spec.ENSEMBLE, "grpc")],
             peer_levels={"binary": [1, 16], "json": [16]},
             null_levels=[16],
             raw_model_batches=[1, 4, 8, 16, 32],
@@ -116,6 +118,9 @@ class Plan:
                 for name in ("no-batching", "instances-2")
             },
             rate_fractions=[0.25, 0.5, 0.75, 0.9, 1.0],
+            rate_targets=[
+                (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
+            ],
             peer_levels={"binary": levels, "json": levels},
             null_levels=[1, 16, 32],
             raw_model_batches=[1, 2, 4, 8, 16, 32],
@@ -139,7 +144,7 @@ class Plan:
         n = sum(len(v) for v in self.main.values())
         n += sum(len(levels) for cases in self.others.values() for _, _, levels in cases)
         peers = sum(len(v) for v in self.peer_levels.values()) + 2 * len(self.null_levels)
-        return n + len(self.rate_fractions) + peers
+        return n + len(self.rate_fractions) * len(self.rate_targets) + peers
 
 
 def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
@@ -300,32 +305,33 @@ class Runner:
                         source = json_data if case.payload == "json" else data[case.model]
                         self._measure(r, case, urls[case.protocol], source, client)
                     if variant.name == "batching":
-                        self._rate_sweep(r, urls["grpc"], data[spec.ENSEMBLE], client)
+                        self._rate_sweep(r, urls, data, client)
                 self._peers(r, {"json": json_data, "binary": data[spec.CLASSIFIER]}, threads)
 
-    def _rate_sweep(self, round_: int, url: str, data: Path, client) -> None:
-        saturated = max(
-            (
-                row.point.throughput
-                for row in self.rows
-                if row.round == round_
-                and row.point
-                and row.case.system == "triton"
-                and row.case.variant == "batching"
-                and row.case.model == spec.ENSEMBLE
-                and row.case.protocol == "grpc"
-                and row.case.mode == "concurrency"
-            ),
-            default=0.0,
-        )
-        if not saturated:
-            self.progress("  rate sweep skipped: no saturated ensemble throughput this round")
-            self.done += len(self.plan.rate_fractions)
-            return
-        for fraction in self.plan.rate_fractions:
-            level = max(1.0, round(fraction * saturated))
-            case = Case("triton", "batching", spec.ENSEMBLE, "grpc", "binary", "rate", level)
-            self._measure(round_, case, url, data, client)
+    def _rate_sweep(self, round_: int, urls: dict[str, str], data: dict[str, Path], client) -> None:
+        """Poisson arrivals at fractions of what concurrency reached in this round."""
+        for model, protocol in self.plan.rate_targets:
+            saturated = max(
+                (
+                    row.point.throughput
+                    for row in self.rows
+                    if row.round == round_
+                    and row.point
+                    and (row.case.system, row.case.variant, row.case.mode)
+                    == ("triton", "batching", "concurrency")
+                    and (row.case.model, row.case.protocol, row.case.payload)
+                    == (model, protocol, "binary")
+                ),
+                default=0.0,
+            )
+            if not saturated:
+                self.progress(f"  rate sweep skipped: no {model} {protocol} throughput this round")
+                self.done += len(self.plan.rate_fractions)
+                continue
+            for fraction in self.plan.rate_fractions:
+                level = max(1.0, round(fraction * saturated))
+                case = Case("triton", "batching", model, protocol, "binary", "rate", level)
+                self._measure(round_, case, urls[protocol], data[model], client)
 
     def _peers(self, round_: int, data: dict[str, Path], threads: int) -> None:
         from client.perf.peer import PeerServer

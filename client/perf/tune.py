@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -312,8 +313,35 @@ def write_configs(
     return paths
 
 
-def summary(results: Sequence[Verified], brute: Sequence[Verified] | None) -> dict:
-    """JSON-able comparison of the tuner with a brute-force sweep."""
+def head_to_head(
+    a: Candidate,
+    b: Candidate,
+    load: Callable[[Candidate], None],
+    measure: Callable[[int], perf_analyzer.Point],
+    slo_ms: float,
+    rounds: int = 2,
+    progress: Callable[[str], None] = print,
+) -> tuple[float, float]:
+    """Median throughput within the SLO of ``a`` and ``b``, re-verified alternately.
+
+    The same candidate measured twice minutes apart differs by 10-15 % here, so two winners
+    found at different times are compared again side by side.
+    """
+    scores: dict[Candidate, list[float]] = {a: [], b: []}
+    for _ in range(rounds):
+        for candidate in (a, b):
+            result = verify(candidate, load, measure, slo_ms)
+            scores[candidate].append(result.throughput)
+            progress(_line(result))
+    return statistics.median(scores[a]), statistics.median(scores[b])
+
+
+def summary(
+    results: Sequence[Verified],
+    brute: Sequence[Verified] | None,
+    rematch: tuple[float, float] | None = None,
+) -> dict:
+    """JSON-able comparison of the tuner with a brute-force sweep (and their rematch)."""
     ours = best(results)
     out = {
         "tuner": dataclasses.asdict(ours) if ours else None,
@@ -327,6 +355,9 @@ def summary(results: Sequence[Verified], brute: Sequence[Verified] | None) -> di
         out["brute_force_verified"] = len(brute)
         if ours and theirs:
             out["tuner_vs_brute_force"] = ours.throughput / theirs.throughput
+    if rematch:
+        out["rematch_throughput"] = {"tuner": rematch[0], "brute_force": rematch[1]}
+        out["rematch_tuner_vs_brute_force"] = rematch[0] / rematch[1] if rematch[1] else None
     return json.loads(json.dumps(out, default=str))
 
 

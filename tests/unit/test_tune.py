@@ -162,3 +162,14 @@ def test_brute_force_verifies_every_candidate():
     measure, _ = curve(capacity=300, base_ms=5)
     results = tune.verify_all(space, loaded.append, measure, 60, progress=lambda _: None)
     assert loaded == space and len(results) == len(space)
+
+
+def test_rematch_alternates_the_two_winners():
+    a, b = tune.Candidate(4, 0, 1), tune.Candidate(1, 500, 1)
+    loaded = []
+    measure, _ = curve(capacity=300, base_ms=5)
+    got = tune.head_to_head(a, b, loaded.append, measure, 60, progress=lambda _: None)
+    assert loaded == [a, b, a, b]
+    assert got == (300, 300)
+    out = tune.summary([], None, rematch=got)
+    assert out["rematch_tuner_vs_brute_force"] == 1.0
