@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CLASSIFIER_ONNX := model_repository/classifier/1/model.onnx
+ENCODER_ONNX := model_repository/encoder/1/model.onnx
+ENCODER_INT8_ONNX := model_repository/encoder/2/model.onnx
 HOST ?= 127.0.0.1
 
 .PHONY: serve test lint format models venv clean samples perf
@@ -26,7 +28,15 @@ $(CLASSIFIER_ONNX): $(STAMP) pipelines/efficientnet_lite.py pipelines/classifica
 		export/__main__.py export/onnx_export.py export/efficientnet_lite0.py
 	$(PY) -m export efficientnet_lite0 --output $@
 
-models: $(CLASSIFIER_ONNX)
+# Both encoder versions come from one export run (INT8 is quantized from the fp32 model).
+$(ENCODER_ONNX): $(STAMP) pipelines/minilm.py pipelines/embedding.py pipelines/text_samples.py \
+		pipelines/onnx_runner.py export/__main__.py export/onnx_export.py export/minilm.py
+	$(PY) -m export minilm --output $@ --int8-output $(ENCODER_INT8_ONNX)
+
+$(ENCODER_INT8_ONNX): $(ENCODER_ONNX)
+	@test -f $@ || { rm -f $(ENCODER_ONNX); $(MAKE) $(ENCODER_ONNX); }
+
+models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX)
 
 serve: models
 	$(PY) -m server --host $(HOST)
@@ -50,5 +60,5 @@ samples: $(STAMP)
 	$(PY) -m client samples samples/
 
 clean:
-	rm -f $(CLASSIFIER_ONNX)
+	rm -f $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX)
 	rm -rf $(VENV)

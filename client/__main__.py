@@ -3,6 +3,8 @@
 Examples:
     python -m client classify cat.jpg dog.png --top-k 3
     python -m client classify cat.jpg --protocol grpc --url localhost:8001
+    python -m client embed "A man is eating food." "A man is riding a horse."
+    python -m client embed --file texts.jsonl --out vectors.npy --protocol grpc
     python -m client samples samples/      # write the bundled sample photos as JPEG files
     python -m client perf [--full]         # benchmark: perf_analyzer, raw engine, peer; report
     python -m client tune classifier --p99-ms 40   # SLO tuner: writes configs/local-tuned.pbtxt
@@ -11,13 +13,17 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
 from pathlib import Path
 
 from client import connection
+from client import embed as embed_client
 from client.classify import ClassifyClient
 from client.perf import cli as perf_cli
 from pipelines import classification as spec
+from pipelines import embedding
 
 
 def _add_connection_args(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +50,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"classes per image (server default {spec.DEFAULT_TOP_K})",
     )
     _add_connection_args(cls)
+    emb = sub.add_parser(
+        "embed",
+        help="sentence embeddings: texts as arguments (JSONL to stdout) or a JSONL file",
+        description="Embeds texts with the embed ensemble. With --file, sends concurrent "
+        "batched requests (asyncio) and writes JSONL or .npy; texts over 256 word pieces are "
+        "truncated by the server, not refused.",
+    )
+    emb.add_argument("texts", nargs="*", help="texts to embed")
+    emb.add_argument("--file", type=Path, help='JSONL input: a string or {"text": ...} per line')
+    emb.add_argument("--out", type=Path, help="output .jsonl or .npy (with --file)")
+    emb.add_argument("--model", default=embedding.ENSEMBLE, help="embed or embed_int8")
+    emb.add_argument("--batch-size", type=int, default=32)
+    emb.add_argument("--concurrency", type=int, default=8)
+    _add_connection_args(emb)
     perf_cli.add_parser(sub)
     perf_cli.add_tune_parser(sub)
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
@@ -69,6 +89,34 @@ def classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def embed(args: argparse.Namespace) -> int:
+    """Embed the argument texts (JSONL on stdout) or a whole file (concurrent batches)."""
+    if args.file:
+        if not args.out:
+            raise connection.ClientError("--file needs --out (.jsonl or .npy)")
+        texts = embed_client.read_texts(args.file)
+
+        async def run():
+            async with embed_client.AsyncEmbedClient(args.url, args.protocol, args.model) as c:
+                await c.check_ready()
+                return await embed_client.embed_many(
+                    c, texts, args.batch_size, args.concurrency, embed_client.Progress()
+                )
+
+        vectors = asyncio.run(run())
+        embed_client.write_embeddings(args.out, texts, vectors)
+        print(f"{len(texts)} embeddings -> {args.out}", file=sys.stderr)
+        return 0
+    if not args.texts:
+        raise connection.ClientError("give texts as arguments, or --file")
+    with embed_client.EmbedClient(args.url, args.protocol, args.model) as client:
+        client.check_ready()
+        vectors = client.embed(args.texts)
+    for text, vector in zip(args.texts, vectors, strict=True):
+        print(json.dumps({"text": text, "embedding": [round(float(x), 7) for x in vector]}))
+    return 0
+
+
 def samples(args: argparse.Namespace) -> int:
     """Write every sample photo as <name>.jpg into the directory."""
     from pipelines import samples as sample_photos
@@ -86,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     commands = {
         "classify": classify,
+        "embed": embed,
         "samples": samples,
         "perf": perf_cli.run,
         "tune": perf_cli.tune_run,

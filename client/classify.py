@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.utils import InferenceServerException
 
 from client import connection
 from pipelines import classification as spec
+
+OUTPUTS = (spec.LABELS, spec.SCORES, spec.CLASS_IDS)
 
 
 @dataclass(frozen=True)
@@ -32,25 +33,11 @@ def build_inputs(mod, images: Sequence[bytes], top_k: int | None) -> list:
     if not images:
         raise connection.ClientError("no images given")
     batch = np.array([bytes(b) for b in images], dtype=np.object_).reshape(-1, 1)
-    image = mod.InferInput(spec.IMAGE, list(batch.shape), "BYTES")
-    inputs = [image]
+    inputs = [connection.make_input(mod, spec.IMAGE, batch, "BYTES")]
     if top_k is not None:
-        inputs.append(mod.InferInput(spec.TOP_K, [len(images), 1], "INT32"))
-    arrays = [batch] + ([np.full((len(images), 1), top_k, np.int32)] if top_k else [])
-    for tensor, array in zip(inputs, arrays, strict=True):
-        if mod.__name__.startswith("tritonclient.http"):
-            tensor.set_data_from_numpy(array, binary_data=True)
-        else:
-            tensor.set_data_from_numpy(array)
+        k = np.full((len(images), 1), top_k, np.int32)
+        inputs.append(connection.make_input(mod, spec.TOP_K, k, "INT32"))
     return inputs
-
-
-def requested_outputs(mod) -> list:
-    """Ask for every output; binary over HTTP to skip JSON encoding of the scores."""
-    names = (spec.LABELS, spec.SCORES, spec.CLASS_IDS)
-    if mod.__name__.startswith("tritonclient.http"):
-        return [mod.InferRequestedOutput(n, binary_data=True) for n in names]
-    return [mod.InferRequestedOutput(n) for n in names]
 
 
 def parse(result) -> list[Prediction]:
@@ -68,85 +55,25 @@ def parse(result) -> list[Prediction]:
     ]
 
 
-class ClassifyClient:
+class ClassifyClient(connection.ModelClient):
     """Synchronous client (HTTP or gRPC); a context manager that closes its connection."""
 
     def __init__(self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE):
-        self.protocol = protocol
-        self.url = url or connection.default_url(protocol)
-        self.model = model
-        self._mod = connection.module(protocol)
-        self._client = self._mod.InferenceServerClient(self.url)
-
-    def check_ready(self) -> None:
-        """Raise ClientError unless the server answers and the model is ready."""
-        try:
-            live = self._client.is_server_live()
-        except Exception as exc:  # noqa: BLE001 - connection errors differ per protocol
-            raise connection.describe_unreachable(self.url, self.protocol, exc) from None
-        if not live or not self._client.is_model_ready(self.model):
-            raise connection.ClientError(
-                f"Triton at {self.url} is up but model '{self.model}' is not ready"
-            )
+        super().__init__(url, protocol, model)
 
     def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images (one request; up to the model's max_batch_size)."""
-        inputs = build_inputs(self._mod, images, top_k)
-        try:
-            result = self._client.infer(self.model, inputs, outputs=requested_outputs(self._mod))
-        except InferenceServerException as exc:
-            raise connection.infer_error(self.model, exc) from None
-        return parse(result)
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._client.close()
-
-    def __enter__(self) -> ClassifyClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        inputs = build_inputs(self.mod, images, top_k)
+        return parse(self.infer(inputs, connection.make_outputs(self.mod, OUTPUTS)))
 
 
-class AsyncClassifyClient:
+class AsyncClassifyClient(connection.AsyncModelClient):
     """asyncio client (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
 
     def __init__(self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE):
-        self.protocol = protocol
-        self.url = url or connection.default_url(protocol)
-        self.model = model
-        self._mod = connection.module(protocol, asyncio=True)
-        self._client = self._mod.InferenceServerClient(self.url)
-
-    async def check_ready(self) -> None:
-        """Raise ClientError unless the server answers and the model is ready."""
-        try:
-            live = await self._client.is_server_live()
-        except Exception as exc:  # noqa: BLE001
-            raise connection.describe_unreachable(self.url, self.protocol, exc) from None
-        if not live or not await self._client.is_model_ready(self.model):
-            raise connection.ClientError(
-                f"Triton at {self.url} is up but model '{self.model}' is not ready"
-            )
+        super().__init__(url, protocol, model)
 
     async def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images in one request."""
-        inputs = build_inputs(self._mod, images, top_k)
-        try:
-            result = await self._client.infer(
-                self.model, inputs, outputs=requested_outputs(self._mod)
-            )
-        except InferenceServerException as exc:
-            raise connection.infer_error(self.model, exc) from None
-        return parse(result)
-
-    async def close(self) -> None:
-        """Close the connection."""
-        await self._client.close()
-
-    async def __aenter__(self) -> AsyncClassifyClient:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+        inputs = build_inputs(self.mod, images, top_k)
+        return parse(await self.infer(inputs, connection.make_outputs(self.mod, OUTPUTS)))

@@ -46,3 +46,103 @@ def infer_error(model: str, exc: BaseException) -> ClientError:
     """The error for a failed inference, with Triton's own message."""
     message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
     return ClientError(f"{model}: {message}")
+
+
+def is_http(mod: ModuleType) -> bool:
+    """True for the tritonclient HTTP modules (which want binary_data flags)."""
+    return mod.__name__.startswith("tritonclient.http")
+
+
+def make_input(mod: ModuleType, name: str, array, datatype: str):
+    """An InferInput holding ``array`` (binary tensor data over HTTP)."""
+    tensor = mod.InferInput(name, list(array.shape), datatype)
+    if is_http(mod):
+        tensor.set_data_from_numpy(array, binary_data=True)
+    else:
+        tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def make_outputs(mod: ModuleType, names):
+    """Requested outputs; binary over HTTP so that floats skip JSON."""
+    if is_http(mod):
+        return [mod.InferRequestedOutput(n, binary_data=True) for n in names]
+    return [mod.InferRequestedOutput(n) for n in names]
+
+
+class ModelClient:
+    """Synchronous client of one model (HTTP or gRPC); a context manager."""
+
+    def __init__(self, url: str | None, protocol: str, model: str):
+        self.protocol = protocol
+        self.url = url or default_url(protocol)
+        self.model = model
+        self.mod = module(protocol)
+        self._client = self.mod.InferenceServerClient(self.url)
+
+    def check_ready(self) -> None:
+        """Raise ClientError unless the server answers and the model is ready."""
+        try:
+            live = self._client.is_server_live()
+        except Exception as exc:  # noqa: BLE001 - connection errors differ per protocol
+            raise describe_unreachable(self.url, self.protocol, exc) from None
+        if not live or not self._client.is_model_ready(self.model):
+            raise ClientError(f"Triton at {self.url} is up but model '{self.model}' is not ready")
+
+    def infer(self, inputs, outputs):
+        """One inference; Triton's error becomes a ClientError with its message."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return self._client.infer(self.model, inputs, outputs=outputs)
+        except InferenceServerException as exc:
+            raise infer_error(self.model, exc) from None
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncModelClient:
+    """asyncio client of one model (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
+
+    def __init__(self, url: str | None, protocol: str, model: str):
+        self.protocol = protocol
+        self.url = url or default_url(protocol)
+        self.model = model
+        self.mod = module(protocol, asyncio=True)
+        self._client = self.mod.InferenceServerClient(self.url)
+
+    async def check_ready(self) -> None:
+        """Raise ClientError unless the server answers and the model is ready."""
+        try:
+            live = await self._client.is_server_live()
+        except Exception as exc:  # noqa: BLE001
+            raise describe_unreachable(self.url, self.protocol, exc) from None
+        if not live or not await self._client.is_model_ready(self.model):
+            raise ClientError(f"Triton at {self.url} is up but model '{self.model}' is not ready")
+
+    async def infer(self, inputs, outputs):
+        """One inference; Triton's error becomes a ClientError with its message."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return await self._client.infer(self.model, inputs, outputs=outputs)
+        except InferenceServerException as exc:
+            raise infer_error(self.model, exc) from None
+
+    async def close(self) -> None:
+        """Close the connection."""
+        await self._client.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

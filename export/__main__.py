@@ -1,7 +1,8 @@
 """Export PyTorch models into model_repository/.
 
-Example:
+Examples:
     python -m export efficientnet_lite0 --output model_repository/classifier/1/model.onnx
+    python -m export minilm     # encoder/1/model.onnx (fp32) and encoder/2/model.onnx (INT8)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from export import efficientnet_lite0, onnx_export
+from export import efficientnet_lite0, minilm, onnx_export
 
 log = logging.getLogger("export")
 
@@ -30,6 +31,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     eff.add_argument("--output", type=Path, default=efficientnet_lite0.DEFAULT_OUTPUT)
     eff.add_argument("--opset", type=int, default=onnx_export.DEFAULT_OPSET)
+    mini = sub.add_parser(
+        "minilm",
+        help="all-MiniLM-L6-v2 → encoder ONNX, fp32 and INT8 (dynamic batch and sequence axes)",
+    )
+    mini.add_argument("--output", type=Path, default=minilm.DEFAULT_OUTPUT)
+    mini.add_argument("--int8-output", type=Path, default=minilm.DEFAULT_INT8_OUTPUT)
+    mini.add_argument("--opset", type=int, default=onnx_export.DEFAULT_OPSET)
     return parser.parse_args(argv)
 
 
@@ -40,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("arguments: %s", vars(args))
     if args.model == "efficientnet_lite0":
         efficientnet_lite0.main(args.output, args.opset)
+    elif args.model == "minilm":
+        minilm.main(args.output, args.int8_output, args.opset)
     return 0
 
 

@@ -124,6 +124,8 @@ class ServerConfig:
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
     cpus: list[int] | None = None  # pin the server (and its Python stubs) to these cores
+    # Triton's local response cache; models opt in with `response_cache { enable: true }`.
+    cache_bytes: int = 256 * 1024 * 1024
 
 
 class Server(ManagedProcess):
@@ -176,6 +178,8 @@ class Server(ManagedProcess):
             f"--metrics-port={c.metrics_port}",
             f"--log-verbose={c.log_verbose}",
         ]
+        if c.cache_bytes:
+            args.append(f"--cache-config=local,size={c.cache_bytes}")
         if c.model_config_name:
             args.append(f"--model-config-name={c.model_config_name}")
         args += list(c.extra_args)

@@ -12,6 +12,7 @@ from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
 CLASSIFIER_ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
+ENCODER_ONNX = tuple(MODEL_REPOSITORY / "encoder" / v / "model.onnx" for v in ("1", "2"))
 
 
 @pytest.fixture(scope="session")
@@ -22,13 +23,22 @@ def classifier_onnx() -> Path:
 
 
 @pytest.fixture(scope="session")
+def encoder_onnx() -> tuple[Path, Path]:
+    """(fp32, INT8) encoder models."""
+    missing = [p for p in ENCODER_ONNX if not p.exists()]
+    if missing:
+        pytest.fail(f"{missing} missing: run `make models` (make test does)")
+    return ENCODER_ONNX
+
+
+@pytest.fixture(scope="session")
 def photos() -> dict[str, bytes]:
     """Every sample photo, JPEG-encoded as a client would send it."""
     return {name: samples.photo_bytes(name) for name in samples.PHOTOS}
 
 
 @pytest.fixture(scope="session")
-def server(classifier_onnx, tmp_path_factory) -> Server:
+def server(classifier_onnx, encoder_onnx, tmp_path_factory) -> Server:
     """One real tritonserver on free loopback ports for the whole run."""
     log_path = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0)

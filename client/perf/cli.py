@@ -164,7 +164,7 @@ def tune_run(args: argparse.Namespace) -> int:
     plan.raw_seconds = 1.0
     raw = {}
     for threads in budgets:
-        raw[threads] = harness.measure_raw(server_cpus, threads, plan)[kind]
+        raw[threads] = harness.measure_raw(server_cpus, threads, plan, encoders=False)[kind]
         print(
             f"raw {kind} curve, {threads} thread(s): "
             + ", ".join(f"b{b}: {v:.0f}/s" for b, v in raw[threads].items())

@@ -25,6 +25,7 @@ import tritonclient.http as http
 
 from client.perf import inputs, perf_analyzer, stats, variants
 from pipelines import classification as spec
+from pipelines import embedding
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 
 ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 MODELS = (spec.ENSEMBLE, *variants.STEPS)
+EMBED_MODELS = inputs.EMBED_MODELS
+# Models whose statistics each measurement records (formed batches, time in the server).
+STATS_MODELS = (*MODELS, embedding.ENSEMBLE, embedding.TOKENIZE, embedding.ENCODER, embedding.POOL)
+ENCODERS = {
+    name: MODEL_REPOSITORY / embedding.ENCODER / version / "model.onnx"
+    for name, version in zip(EMBED_MODELS, ("1", "2"), strict=True)
+}
 
 
 @dataclass(frozen=True)
@@ -45,13 +53,15 @@ class Case:
     payload: str  # binary | json
     mode: str  # concurrency | rate
     level: float
+    dataset: str = "samples"  # or "repeated": one input over and over (response-cache hits)
 
     def label(self) -> str:
         """Short human-readable name."""
         unit = "c" if self.mode == "concurrency" else "rate"
+        data = "" if self.dataset == "samples" else f" [{self.dataset}]"
         return (
             f"{self.system}/{self.variant} {self.model} {self.protocol}-{self.payload} "
-            f"{unit}={self.level:g}"
+            f"{unit}={self.level:g}{data}"
         )
 
 
@@ -66,10 +76,13 @@ class Plan:
     others: dict[str, list[tuple[str, str, list[int]]]]
     rate_fractions: list[float]  # of the saturated throughput in the same round
     rate_targets: list[tuple[str, str]]  # (model, protocol) with a Poisson request-rate sweep
-    peer_levels: dict[str, list[int]]  # payload (binary | json) -> concurrency levels
+    # peer model (classifier | embed) -> payload (binary | json) -> concurrency levels
+    peer_levels: dict[str, dict[str, list[int]]]
     null_levels: list[int]
+    cache_levels: list[int]  # embed with one repeated text: the response-cache hit path
     raw_model_batches: list[int]
     raw_pipeline_batches: list[int]
+    raw_embed_batches: list[int] = field(default_factory=lambda: [1, 8, 32])
     raw_seconds: float = 1.5
     measurement_ms: int = 1250
 
@@ -87,6 +100,9 @@ class Plan:
                 (spec.CLASSIFIER, "http", "json"): [16],
                 (spec.PREPROCESS, "grpc", "binary"): [16],
                 (spec.POSTPROCESS, "grpc", "binary"): [16],
+                (embedding.ENSEMBLE, "grpc", "binary"): [1, 16],
+                (embedding.ENSEMBLE, "http", "json"): [16],
+                ("embed_int8", "grpc", "binary"): [16],
             },
             others={
                 "no-batching": [(spec.ENSEMBLE, "grpc", [16]), (spec.CLASSIFIER, "grpc", [16])],
@@ -94,8 +110,12 @@ class Plan:
             },
             rate_fractions=[0.5, 0.9],
             rate_targets=[(spec.ENSEMBLE, "grpc")],
-            peer_levels={"binary": [1, 16], "json": [16]},
+            peer_levels={
+                spec.CLASSIFIER: {"binary": [1, 16], "json": [16]},
+                embedding.ENSEMBLE: {"json": [16]},
+            },
             null_levels=[16],
+            cache_levels=[16],
             raw_model_batches=[1, 4, 8, 16, 32],
             raw_pipeline_batches=[1, 8],
         )
@@ -104,8 +124,9 @@ class Plan:
     def full(cls) -> Plan:
         """Everything: all models, protocols and variants over a wide sweep, three rounds."""
         levels = [1, 2, 4, 8, 16, 32]
-        main = {(m, p, "binary"): levels for m in MODELS for p in ("grpc", "http")}
+        main = {(m, p, "binary"): levels for m in MODELS + EMBED_MODELS for p in ("grpc", "http")}
         main[(spec.CLASSIFIER, "http", "json")] = levels
+        main[(embedding.ENSEMBLE, "http", "json")] = levels
         return cls(
             rounds=3,
             main=main,
@@ -121,8 +142,12 @@ class Plan:
             rate_targets=[
                 (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
             ],
-            peer_levels={"binary": levels, "json": levels},
+            peer_levels={
+                spec.CLASSIFIER: {"binary": levels, "json": levels},
+                embedding.ENSEMBLE: {"binary": levels, "json": levels},
+            },
             null_levels=[1, 16, 32],
+            cache_levels=levels,
             raw_model_batches=[1, 2, 4, 8, 16, 32],
             raw_pipeline_batches=[1, 4, 8, 16],
             raw_seconds=3.0,
@@ -143,8 +168,12 @@ class Plan:
         """Load levels measured in one round (for progress and ETA)."""
         n = sum(len(v) for v in self.main.values())
         n += sum(len(levels) for cases in self.others.values() for _, _, levels in cases)
-        peers = sum(len(v) for v in self.peer_levels.values()) + 2 * len(self.null_levels)
-        return n + len(self.rate_fractions) * len(self.rate_targets) + peers
+        peers = sum(len(v) for by_payload in self.peer_levels.values() for v in by_payload.values())
+        nulls = sum(len(by_payload) for by_payload in self.peer_levels.values()) * len(
+            self.null_levels
+        )
+        rates = len(self.rate_fractions) * len(self.rate_targets)
+        return n + rates + peers + nulls + len(self.cache_levels)
 
 
 def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
@@ -172,7 +201,7 @@ class Row:
         for name in perf_analyzer.Point.__dataclass_fields__:
             if name != "level":
                 out[name] = point.get(name, "")
-        for model in MODELS:
+        for model in STATS_MODELS:
             d = self.deltas.get(model)
             out[f"{model}_avg_batch"] = round(d.avg_batch, 3) if d else ""
             out[f"{model}_request_ms"] = round(d.request_ms, 4) if d else ""
@@ -195,8 +224,13 @@ def server_config(cpus: list[int]) -> ServerConfig:
     )
 
 
-def measure_raw(cpus: list[int], threads: int, plan: Plan) -> dict:
-    """The raw engine, pinned to the server's cores with the server's thread budget."""
+def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True) -> dict:
+    """The raw engine, pinned to the server's cores with the server's thread budget.
+
+    Returns:
+        {kind: {batch size: items/s}} for the classifier ("model"), the classify pipeline
+        ("pipeline") and, with ``encoders``, the embed pipeline per encoder ("embed", ...).
+    """
     cmd = [
         "taskset",
         "-c",
@@ -209,10 +243,17 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan) -> dict:
         f"--seconds={plan.raw_seconds}",
         "--model-batches=" + ",".join(map(str, plan.raw_model_batches)),
         "--pipeline-batches=" + ",".join(map(str, plan.raw_pipeline_batches)),
+        "--embed-batches=" + ",".join(map(str, plan.raw_embed_batches)),
     ]
+    if encoders:
+        cmd += [f"--encoder={name}={path}" for name, path in ENCODERS.items()]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     raw = json.loads(done.stdout)
-    return {kind: {int(k): v for k, v in raw[kind].items()} for kind in ("model", "pipeline")}
+    return {
+        kind: {int(k): v for k, v in curve.items()}
+        for kind, curve in raw.items()
+        if isinstance(curve, dict)
+    }
 
 
 class Runner:
@@ -262,12 +303,12 @@ class Runner:
             tensor_format=case.payload,
             cpus=self.client_cpus,
         )
-        before = stats.snapshot(client, MODELS) if client else None
+        before = stats.snapshot(client, STATS_MODELS) if client else None
         try:
             point, error = perf_analyzer.measure(run, case.level), ""
         except perf_analyzer.PerfAnalyzerError as exc:
             point, error = None, str(exc)
-        deltas = stats.delta(before, stats.snapshot(client, MODELS)) if client else {}
+        deltas = stats.delta(before, stats.snapshot(client, STATS_MODELS)) if client else {}
         row = Row(round_, case, point, error, deltas)
         self.rows.append(row)
         self._tick(row)
@@ -280,8 +321,12 @@ class Runner:
         from pipelines.reference import ReferenceClassifier
 
         reference = ReferenceClassifier(ONNX)
-        data = {m: inputs.write(m, data_dir, reference) for m in MODELS}
-        json_data = inputs.write(spec.CLASSIFIER, data_dir, as_json=True)
+        data = {m: inputs.write(m, data_dir, reference) for m in MODELS + EMBED_MODELS}
+        json_data = {
+            spec.CLASSIFIER: inputs.write(spec.CLASSIFIER, data_dir, as_json=True),
+            embedding.ENSEMBLE: data[embedding.ENSEMBLE],  # texts: one file for both formats
+        }
+        repeated = inputs.write(embedding.ENSEMBLE, data_dir, repeated=True)
         threads = len(self.server_cpus)
         all_variants = variants.standard(threads)
         config = server_config(self.server_cpus)
@@ -302,11 +347,27 @@ class Runner:
                         client, variant, MODEL_REPOSITORY, server.config.model_config_name
                     )
                     for case in self.plan.triton_cases(variant.name):
-                        source = json_data if case.payload == "json" else data[case.model]
+                        json_source = json_data.get(case.model)
+                        source = json_source if case.payload == "json" else data[case.model]
                         self._measure(r, case, urls[case.protocol], source, client)
                     if variant.name == "batching":
                         self._rate_sweep(r, urls, data, client)
-                self._peers(r, {"json": json_data, "binary": data[spec.CLASSIFIER]}, threads)
+                        for level in self.plan.cache_levels:
+                            case = Case(
+                                "triton",
+                                "batching",
+                                embedding.ENSEMBLE,
+                                "grpc",
+                                "binary",
+                                "concurrency",
+                                level,
+                                dataset="repeated",
+                            )
+                            self._measure(r, case, urls["grpc"], repeated, client)
+                peer_data = {
+                    m: {"json": json_data[m], "binary": data[m]} for m in self.plan.peer_levels
+                }
+                self._peers(r, peer_data, threads)
 
     def _rate_sweep(self, round_: int, urls: dict[str, str], data: dict[str, Path], client) -> None:
         """Poisson arrivals at fractions of what concurrency reached in this round."""
@@ -333,18 +394,23 @@ class Runner:
                 case = Case("triton", "batching", model, protocol, "binary", "rate", level)
                 self._measure(round_, case, urls[protocol], data[model], client)
 
-    def _peers(self, round_: int, data: dict[str, Path], threads: int) -> None:
+    def _peers(self, round_: int, data: dict[str, dict[str, Path]], threads: int) -> None:
+        """Each peer model, then its null twin (the load generator's ceiling), per payload."""
         from client.perf.peer import PeerServer
 
-        null_levels = {payload: self.plan.null_levels for payload in data}
-        for system, model_path, levels in (
-            ("peer", ONNX, self.plan.peer_levels),
-            ("null-peer", None, null_levels),
-        ):
-            with PeerServer(model_path, cpus=self.server_cpus, intra_op_threads=threads) as peer:
-                for payload, level in ((p, x) for p, xs in levels.items() for x in xs):
-                    case = Case(system, "-", spec.CLASSIFIER, "http", payload, "concurrency", level)
-                    self._measure(round_, case, peer.url, data[payload])
+        for model, by_payload in self.plan.peer_levels.items():
+            onnx_path = ONNX if model == spec.CLASSIFIER else ENCODERS[embedding.ENSEMBLE]
+            null_levels = {payload: self.plan.null_levels for payload in by_payload}
+            for system, path, levels in (
+                ("peer", onnx_path, by_payload),
+                ("null-peer", None, null_levels),
+            ):
+                with PeerServer(
+                    path, cpus=self.server_cpus, intra_op_threads=threads, model_name=model
+                ) as peer:
+                    for payload, level in ((p, x) for p, xs in levels.items() for x in xs):
+                        case = Case(system, "-", model, "http", payload, "concurrency", level)
+                        self._measure(round_, case, peer.url, data[model][payload])
 
     def write_csv(self) -> tuple[Path, Path]:
         """points.csv (one line per measured case and round) and raw.csv."""

@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from pipelines import classification as spec
-from pipelines import image, samples
+from pipelines import embedding, image, samples, text_samples
+
+# The embedding service's traffic: short queries, each its own request.
+EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")
 
 
 def _string_element(data: bytes) -> str:
@@ -32,6 +35,9 @@ def entries(model: str, reference=None) -> list[dict]:
         model: ensemble or step name from pipelines.classification.
         reference: a ReferenceClassifier, needed only for postprocess inputs (real logits).
     """
+    if model in EMBED_MODELS:
+        # Plain strings: perf_analyzer sends them as BYTES, in binary or JSON requests alike.
+        return [{embedding.TEXT: {"content": [t], "shape": [1]}} for t in text_samples.SENTENCES]
     photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
     if model in (spec.ENSEMBLE, spec.PREPROCESS):
         return [{spec.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
@@ -45,6 +51,11 @@ def entries(model: str, reference=None) -> list[dict]:
     raise KeyError(f"no perf inputs for model {model!r}")
 
 
+def repeated_text() -> list[dict]:
+    """One text only: after the first request every answer is a response-cache hit."""
+    return [{embedding.TEXT: {"content": [text_samples.SENTENCES[0]], "shape": [1]}}]
+
+
 def json_entries(model: str) -> list[dict]:
     """Entries with plain JSON numbers (``--input-tensor-format json`` and the peer server)."""
     if model != spec.CLASSIFIER:
@@ -56,9 +67,16 @@ def json_entries(model: str) -> list[dict]:
     ]
 
 
-def write(model: str, directory: Path, reference=None, as_json: bool = False) -> Path:
-    """Write ``<model>[-json].json`` into ``directory`` and return its path."""
-    data = json_entries(model) if as_json else entries(model, reference)
-    path = directory / f"{model}{'-json' if as_json else ''}.json"
+def write(
+    model: str, directory: Path, reference=None, as_json: bool = False, repeated: bool = False
+) -> Path:
+    """Write ``<model>[-json|-repeated].json`` into ``directory`` and return its path."""
+    if repeated:
+        data, suffix = repeated_text(), "-repeated"
+    elif as_json and model not in EMBED_MODELS:  # texts are the same in both formats
+        data, suffix = json_entries(model), "-json"
+    else:
+        data, suffix = entries(model, reference), ""
+    path = directory / f"{model}{suffix}.json"
     path.write_text(json.dumps({"data": data}))
     return path

@@ -54,14 +54,48 @@ def pipeline_curve(
     return curve
 
 
+def embed_curve(
+    onnx_path: Path, threads: int, batch_sizes: Sequence[int], seconds: float
+) -> dict[int, float]:
+    """The embed pipeline in-process: texts → tokenize → encoder → pool, texts/s per batch.
+
+    Short queries (the sample sentences), padded to the longest of each batch.
+    """
+    from pipelines import embedding, onnx_runner, text_samples
+
+    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
+    texts = list(text_samples.SENTENCES)
+
+    def step(batch: list[str]) -> None:
+        tokens, _ = embedding.encode(batch)
+        ids, mask = embedding.pad(tokens)
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        hidden = onnx_runner.run(session, feeds, [embedding.TOKEN_EMBEDDINGS])[0]
+        embedding.mean_pool(hidden, mask)
+
+    curve = {}
+    for bs in batch_sizes:
+        batch = [texts[i % len(texts)] for i in range(bs)]
+        curve[bs] = throughput(lambda b=batch: step(b), bs, seconds)
+    return curve
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}} as JSON."""
+    """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}, "embed...": ...} as JSON."""
     p = argparse.ArgumentParser(prog="python -m client.perf.raw", description=__doc__)
     p.add_argument("--onnx", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     p.add_argument("--model-batches", default="1,4,8,16,32")
     p.add_argument("--pipeline-batches", default="1,8,16")
     p.add_argument("--seconds", type=float, default=2.0, help="per batch size")
+    p.add_argument(
+        "--encoder",
+        type=Path,
+        action="append",
+        default=[],
+        help="NAME=PATH of an encoder ONNX to measure the embed pipeline with",
+    )
+    p.add_argument("--embed-batches", default="1,8,32")
     args = p.parse_args(argv)
     reference = ReferenceClassifier(args.onnx, intra_op_threads=args.threads)
     sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
@@ -70,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_curve(reference, sizes(args.model_batches), args.seconds),
         "pipeline": pipeline_curve(reference, sizes(args.pipeline_batches), args.seconds),
     }
+    for spec_ in args.encoder:
+        name, _, path = spec_.partition("=")
+        result[name] = embed_curve(
+            Path(path), args.threads, sizes(args.embed_batches), args.seconds
+        )
     json.dump(result, sys.stdout)
     return 0
 

@@ -13,9 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines import classification as spec
+from pipelines import embedding
 
 ENS, CLS, PRE, POST = spec.ENSEMBLE, spec.CLASSIFIER, spec.PREPROCESS, spec.POSTPROCESS
+EMB, EMB8 = embedding.ENSEMBLE, "embed_int8"
 STEPS = 3
+
+
+TEXT_FIELDS = {
+    "system",
+    "variant",
+    "model",
+    "protocol",
+    "payload",
+    "mode",
+    "dataset",
+    "error",
+    "classifier_batch_histogram",
+}
+CASE_FIELDS = ("system", "variant", "model", "dataset", "protocol", "payload", "mode", "level")
 
 
 def load(points_csv: Path, raw_csv: Path) -> tuple[list[dict], dict[int, dict]]:
@@ -24,28 +40,16 @@ def load(points_csv: Path, raw_csv: Path) -> tuple[list[dict], dict[int, dict]]:
     with open(points_csv, newline="") as f:
         for row in csv.DictReader(f):
             for key, value in row.items():
-                if (
-                    key
-                    not in (
-                        "system",
-                        "variant",
-                        "model",
-                        "protocol",
-                        "payload",
-                        "mode",
-                        "error",
-                        "classifier_batch_histogram",
-                    )
-                    and value != ""
-                ):
+                if key not in TEXT_FIELDS and value != "":
                     row[key] = float(value)
             row["round"] = int(row["round"])
+            row.setdefault("dataset", "samples")  # reports written before the field existed
             rows.append(row)
-    raw: dict[int, dict] = defaultdict(lambda: {"model": {}, "pipeline": {}})
+    raw: dict[int, dict] = defaultdict(lambda: defaultdict(dict))
     with open(raw_csv, newline="") as f:
         for row in csv.DictReader(f):
             raw[int(row["round"])][row["kind"]][int(row["batch_size"])] = float(row["throughput"])
-    return rows, dict(raw)
+    return rows, {r: dict(curves) for r, curves in raw.items()}
 
 
 def find(rows: Iterable[dict], **match) -> list[dict]:
@@ -92,7 +96,7 @@ class Metric:
     note: str = ""
     # For peer comparisons: the payload whose load-generator headroom must be >= 2 for the
     # number to say anything about the servers (else the harness capped both).
-    needs_headroom: str | None = None
+    needs_headroom: tuple[str, str] | None = None  # (payload, model)
 
     def met(self, value: float) -> bool | None:
         """Whether the target is met (None where there is no target)."""
@@ -110,7 +114,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _triton(model, protocol="grpc", variant="batching", payload="binary", level=None):
+def _triton(
+    model, protocol="grpc", variant="batching", payload="binary", level=None, dataset="samples"
+):
     match = dict(
         system="triton",
         variant=variant,
@@ -118,6 +124,7 @@ def _triton(model, protocol="grpc", variant="batching", payload="binary", level=
         protocol=protocol,
         payload=payload,
         mode="concurrency",
+        dataset=dataset,
     )
     if level is not None:
         match["level"] = float(level)
@@ -152,19 +159,23 @@ def _shared_core_bound(rows, raw) -> float | None:
     return _ratio(_thr(rows, **_triton(ENS, level=16)), bound)
 
 
-def _peer_ratio(payload: str) -> Callable[[list[dict], dict], float | None]:
+def _peer_ratio(
+    payload: str, model: str = CLS, dataset: str = "samples"
+) -> Callable[[list[dict], dict], float | None]:
     def compute(rows, raw):
-        ours = find(rows, **_triton(CLS, protocol="http", payload=payload))
-        theirs = find(rows, system="peer", model=CLS, payload=payload)
+        ours = find(rows, **_triton(model, protocol="http", payload=payload, dataset=dataset))
+        theirs = find(rows, system="peer", model=model, payload=payload)
         return equal_p99_ratio(ours, theirs)
 
     return compute
 
 
-def _generator_headroom(payload: str) -> Callable[[list[dict], dict], float | None]:
+def _generator_headroom(
+    payload: str, model: str = CLS
+) -> Callable[[list[dict], dict], float | None]:
     def compute(rows, raw):
-        null = _saturated(rows, system="null-peer", payload=payload)
-        measured = find(rows, payload=payload, protocol="http")
+        null = _saturated(rows, system="null-peer", payload=payload, model=model)
+        measured = find(rows, payload=payload, protocol="http", model=model)
         fastest = max(
             (r["throughput"] for r in measured if r["system"] != "null-peer"), default=None
         )
@@ -173,10 +184,18 @@ def _generator_headroom(payload: str) -> Callable[[list[dict], dict], float | No
     return compute
 
 
+def _raw_best(kind: str) -> Callable[[dict], float | None]:
+    return lambda raw: max(raw[kind].values()) if raw.get(kind) else None
+
+
 METRICS = [
     Metric(
         "raw model batching gain (best batch ÷ batch 1)",
         lambda rows, raw: _ratio(max(raw["model"].values()), raw["model"][1]),
+    ),
+    Metric(
+        "raw embed batching gain (best batch ÷ batch 1)",
+        lambda rows, raw: _ratio(_raw_best("embed")(raw), raw.get("embed", {}).get(1)),
     ),
     Metric(
         "served batching gain (classifier c=16: batching ÷ no-batching)",
@@ -228,14 +247,58 @@ METRICS = [
         _peer_ratio("json"),
         target=2.0,
         note="target applies where serving overhead matters; EfficientNet here is compute-bound",
-        needs_headroom="json",
+        needs_headroom=("json", CLS),
     ),
     Metric(
         "Triton ÷ peer, same binary-tensor payload, equal p99",
         _peer_ratio("binary"),
         target=2.0,
         note="as above",
-        needs_headroom="binary",
+        needs_headroom=("binary", CLS),
+    ),
+    Metric(
+        "embed served ÷ raw embed pipeline, saturation (gRPC, short texts)",
+        lambda rows, raw: _ratio(_saturated(rows, **_triton(EMB)), _raw_best("embed")(raw)),
+    ),
+    Metric(
+        "embed served ÷ raw embed pipeline, concurrency 1 (gRPC)",
+        lambda rows, raw: _ratio(_thr(rows, **_triton(EMB, level=1)), raw.get("embed", {}).get(1)),
+    ),
+    Metric(
+        "embed response-cache hits ÷ computed embeddings (HTTP JSON, c=16)",
+        lambda rows, raw: _ratio(
+            _thr(rows, **_triton(EMB, "http", payload="json", level=16, dataset="repeated")),
+            _thr(rows, **_triton(EMB, "http", payload="json", level=16)),
+        ),
+    ),
+    Metric(
+        "INT8 ÷ fp32 encoder, served embed (gRPC, c=16)",
+        lambda rows, raw: _ratio(
+            _thr(rows, **_triton(EMB8, level=16)), _thr(rows, **_triton(EMB, level=16))
+        ),
+    ),
+    Metric(
+        "INT8 ÷ fp32 encoder, raw embed pipeline (best batch)",
+        lambda rows, raw: _ratio(_raw_best("embed_int8")(raw), _raw_best("embed")(raw)),
+    ),
+    Metric(
+        "Triton ÷ peer (embed, same JSON payload), equal p99",
+        _peer_ratio("json", EMB),
+        target=2.0,
+        needs_headroom=("json", EMB),
+    ),
+    Metric(
+        "Triton cache hits ÷ peer (embed, same JSON payload), equal p99",
+        _peer_ratio("json", EMB, dataset="repeated"),
+        target=2.0,
+        note="repeated queries; the peer has no cache, as a plain FastAPI service",
+        needs_headroom=("json", EMB),
+    ),
+    Metric(
+        "load generator headroom, embed JSON (null model ÷ fastest embed JSON result)",
+        _generator_headroom("json", EMB),
+        target=2.0,
+        note="as above",
     ),
     Metric(
         "load generator headroom, JSON (null model ÷ fastest JSON result)",
@@ -272,7 +335,7 @@ def metric_table(rows: list[dict], raw: dict[int, dict]) -> list[dict]:
         median, low, high = summarize(values)
         if metric.needs_headroom:
             headroom = [
-                _generator_headroom(metric.needs_headroom)([r for r in rows if r["round"] == n], c)
+                _generator_headroom(*metric.needs_headroom)([r for r in rows if r["round"] == n], c)
                 for n, c in raw.items()
             ]
             if any(h is None or h < 2 for h in headroom):
@@ -310,25 +373,15 @@ def case_table(rows: list[dict]) -> list[dict]:
     """Median and spread of throughput and latencies per case over rounds."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in find(rows):
-        key = tuple(
-            row[k] for k in ("system", "variant", "model", "protocol", "payload", "mode", "level")
-        )
-        groups[key].append(row)
+        groups[tuple(row[k] for k in CASE_FIELDS)].append(row)
     out = []
     for key, members in groups.items():
-        entry = dict(
-            zip(
-                ("system", "variant", "model", "protocol", "payload", "mode", "level"),
-                key,
-                strict=True,
-            )
-        )
-        for field in ("throughput", "p50_ms", "p99_ms", f"{CLS}_avg_batch"):
+        entry = dict(zip(CASE_FIELDS, key, strict=True))
+        for field in ("throughput", "p50_ms", "p99_ms", f"{CLS}_avg_batch", "encoder_avg_batch"):
             values = [m[field] for m in members if m.get(field) not in ("", None)]
             entry[field] = summarize(values) if values else None
         out.append(entry)
-    order = ("system", "variant", "model", "protocol", "payload", "mode")
-    return sorted(out, key=lambda e: (*(str(e[k]) for k in order), e["level"]))
+    return sorted(out, key=lambda e: (*(str(e[k]) for k in CASE_FIELDS[:-1]), e["level"]))
 
 
 def write_markdown(
@@ -379,7 +432,7 @@ def write_markdown(
         "## Every case (median [min – max] over rounds)",
         "",
         "| system | variant | model | protocol | payload | mode | level | infer/s | "
-        "p50 ms | p99 ms | classifier batch |",
+        "p50 ms | p99 ms | formed batch (classifier or encoder) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in case_table(rows):
@@ -388,10 +441,12 @@ def write_markdown(
             v = e[field]
             return "" if v is None else f"{v[0]:.{digits}f} [{v[1]:.{digits}f} – {v[2]:.{digits}f}]"
 
+        model = e["model"] + ("" if e["dataset"] == "samples" else f" [{e['dataset']}]")
+        batch_field = "encoder_avg_batch" if e["model"] in (EMB, EMB8) else f"{CLS}_avg_batch"
         lines.append(
-            f"| {e['system']} | {e['variant']} | {e['model']} | {e['protocol']} | {e['payload']} | "
+            f"| {e['system']} | {e['variant']} | {model} | {e['protocol']} | {e['payload']} | "
             f"{e['mode']} | {e['level']:g} | {cell('throughput')} | {cell('p50_ms', 2)} | "
-            f"{cell('p99_ms', 2)} | {cell(f'{CLS}_avg_batch', 2)} |"
+            f"{cell('p99_ms', 2)} | {cell(batch_field, 2)} |"
         )
     failures = [r for r in rows if r.get("error")]
     if failures:

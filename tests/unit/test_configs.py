@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from export import onnx_export
 from pipelines import classification as spec
+from pipelines import embedding as emb
 from server.launcher import MODEL_REPOSITORY
 from server.model_config import parse, resolve
 
@@ -38,6 +39,19 @@ CONTRACT = {
 CONTRACT[spec.ENSEMBLE] = (
     {spec.IMAGE: CONTRACT[spec.PREPROCESS][0][spec.IMAGE], spec.TOP_K: (mc.TYPE_INT32, [1])},
     CONTRACT[spec.POSTPROCESS][1],
+)
+TOKENS = {emb.INPUT_IDS: (mc.TYPE_INT64, [-1]), emb.ATTENTION_MASK: (mc.TYPE_INT64, [-1])}
+HIDDEN = {emb.TOKEN_EMBEDDINGS: (mc.TYPE_FP32, [-1, emb.HIDDEN_SIZE])}
+TEXT = {emb.TEXT: (mc.TYPE_STRING, [1])}
+EMBEDDING = {emb.EMBEDDING: (mc.TYPE_FP32, [emb.HIDDEN_SIZE])}
+CONTRACT.update(
+    {
+        emb.TOKENIZE: (TEXT, TOKENS),
+        emb.ENCODER: (TOKENS, HIDDEN),
+        emb.POOL: ({**HIDDEN, emb.ATTENTION_MASK: TOKENS[emb.ATTENTION_MASK]}, EMBEDDING),
+        emb.ENSEMBLE: (TEXT, EMBEDDING),
+        "embed_int8": (TEXT, EMBEDDING),
+    }
 )
 
 
@@ -77,15 +91,16 @@ def test_config_matches_the_spec(path: Path):
     assert optional == ({spec.TOP_K} if spec.TOP_K in inputs else set())
 
 
-def test_environment_configs_pick_the_right_devices():
-    classifier = MODEL_REPOSITORY / spec.CLASSIFIER
-    local = parse(classifier / "configs" / "local.pbtxt")
+@pytest.mark.parametrize("model", [spec.CLASSIFIER, emb.ENCODER])
+def test_environment_configs_pick_the_right_devices(model):
+    model_dir = MODEL_REPOSITORY / model
+    local = parse(model_dir / "configs" / "local.pbtxt")
     assert local.backend == "python"
     assert {g.kind for g in local.instance_group} == {mc.ModelInstanceGroup.KIND_CPU}
-    gpu = parse(classifier / "configs" / "gpu.pbtxt")
+    gpu = parse(model_dir / "configs" / "gpu.pbtxt")
     assert gpu.backend == "onnxruntime"
     assert all(g.kind == mc.ModelInstanceGroup.KIND_GPU and g.gpus for g in gpu.instance_group)
-    default = parse(classifier / "config.pbtxt")
+    default = parse(model_dir / "config.pbtxt")
     assert default.backend == "onnxruntime"
     # The Python runner honours the onnxruntime backend's thread parameters under the same names.
     for config in (local, default):
@@ -130,3 +145,26 @@ def test_exported_onnx_matches_the_spec(classifier_onnx):
     dims = onnx_export.dynamic_axes_of(model)
     assert dims == {spec.PIXELS: ["batch", *SHAPE], spec.LOGITS: ["batch", spec.NUM_CLASSES]}
     assert not [n for n in model.graph.node if n.op_type == "Pad"], "pads are folded into convs"
+
+
+def test_exported_encoders_match_the_spec(encoder_onnx):
+    for path in encoder_onnx:
+        dims = onnx_export.dynamic_axes_of(onnx.load(str(path)))
+        assert dims == {
+            emb.INPUT_IDS: ["batch", "sequence"],
+            emb.ATTENTION_MASK: ["batch", "sequence"],
+            emb.TOKEN_EMBEDDINGS: ["batch", "sequence", emb.HIDDEN_SIZE],
+        }
+
+
+def test_encoder_versions_and_ensembles_pin_them():
+    for config_path in [
+        MODEL_REPOSITORY / emb.ENCODER / "config.pbtxt",
+        *(MODEL_REPOSITORY / emb.ENCODER / "configs").glob("*.pbtxt"),
+    ]:
+        assert list(parse(config_path).version_policy.specific.versions) == [1, 2]
+    for ensemble, version in ((emb.ENSEMBLE, 1), ("embed_int8", 2)):
+        config = parse(MODEL_REPOSITORY / ensemble / "config.pbtxt")
+        (step,) = [s for s in config.ensemble_scheduling.step if s.model_name == emb.ENCODER]
+        assert step.model_version == version
+        assert config.response_cache.enable

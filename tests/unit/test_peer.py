@@ -1,5 +1,7 @@
 """The peer baseline: micro-batching, parity with onnxruntime, KServe v2 errors, null mode.
 
+Both served models are covered: the classifier and the text embedding (``embed``).
+
 The app is driven in-process through ASGI (no HTTP client library needed); one test starts the
 real ``python -m client.perf.peer`` process and talks to it over a socket.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +24,8 @@ import pytest
 from client.perf import peer as peer_mod
 from client.perf.peer import MicroBatcher, PeerServer, create_app
 from pipelines import classification as spec
-from pipelines import onnx_runner
+from pipelines import embedding as embed_spec
+from pipelines import onnx_runner, text_samples
 
 SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
 
@@ -361,3 +365,243 @@ def test_closing_the_batcher_fails_requests_in_flight():
 
     for result in asyncio.run(scenario()):
         assert isinstance(result, RuntimeError) and "shutting down" in str(result)
+
+
+# The text embedding ("embed") ------------------------------------------------------------
+EMBED = embed_spec.ENSEMBLE
+EMBED_INFER = f"/v2/models/{EMBED}/infer"
+
+
+@pytest.fixture(scope="module")
+def encoder_session(encoder_onnx):
+    return onnx_runner.create_session(encoder_onnx[0], intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def embed_app(encoder_onnx):
+    # A long wait so that concurrent requests surely meet in one batch.
+    return create_app(encoder_onnx[0], intra_op_threads=1, max_wait_ms=50, model_name=EMBED)
+
+
+def reference_embeddings(session, texts):
+    """Each text alone, padded to its own bucket: the peer pads to the batch's longest text."""
+    rows = []
+    for text in texts:
+        ids, mask = embed_spec.tokenize([text])
+        feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
+        (hidden,) = onnx_runner.run(session, feeds, [embed_spec.TOKEN_EMBEDDINGS])
+        rows.append(embed_spec.mean_pool(hidden, mask)[0])
+    return np.stack(rows)
+
+
+def assert_same_embeddings(actual, expected):
+    assert actual.shape == expected.shape
+    cosine = (actual * expected).sum(1) / (
+        np.linalg.norm(actual, axis=1) * np.linalg.norm(expected, axis=1)
+    )
+    assert cosine.min() >= 0.9999, cosine
+    np.testing.assert_allclose(np.linalg.norm(actual, axis=1), 1.0, atol=1e-5)
+
+
+def text_body(texts, nested=True, **extra):
+    data = [[t] for t in texts] if nested else list(texts)
+    tensor = {"name": embed_spec.TEXT, "shape": [len(texts), 1], "datatype": "BYTES", "data": data}
+    return orjson.dumps({"inputs": [tensor], **extra})
+
+
+def binary_request(raw, rows, binary_output=False):
+    """(body, headers) with ``raw`` as the TEXT tensor's binary data."""
+    tensor = {"name": embed_spec.TEXT, "shape": [rows, 1], "datatype": "BYTES"}
+    output = {"name": embed_spec.EMBEDDING, "parameters": {"binary_data": binary_output}}
+    header = orjson.dumps(
+        {
+            "inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}],
+            "outputs": [output],
+        }
+    )
+    return header + raw, {"Inference-Header-Content-Length": len(header)}
+
+
+def binary_text_request(items, binary_output=False):
+    """TEXT as Triton's serialized BYTES: per item, a 4-byte LE length, then the bytes."""
+    raw = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    return binary_request(raw, len(items), binary_output)
+
+
+def embeddings_of(content, headers=None):
+    split = int((headers or {}).get("inference-header-content-length", len(content)))
+    reply = orjson.loads(content[:split])
+    assert reply["model_name"] == EMBED
+    (output,) = reply["outputs"]
+    assert output["name"] == embed_spec.EMBEDDING and output["datatype"] == "FP32"
+    if split < len(content):
+        return np.frombuffer(content[split:], "<f4").reshape(output["shape"])
+    return np.asarray(output["data"], np.float32).reshape(output["shape"])
+
+
+def test_embed_requests_are_batched_and_match_the_reference(embed_app, encoder_session):
+    # One or two texts per request, flat and nested JSON: 8 requests, the 12 sample texts.
+    remaining = list(text_samples.SENTENCES)
+    requests = [[remaining.pop(0) for _ in range(1 + i % 2)] for i in range(8)]
+    long_request = ["Short.", text_samples.LONG_TEXT]  # truncated at 256 tokens, not refused
+
+    async def scenario(app):
+        replies = await asyncio.gather(
+            *(
+                call(app, "POST", EMBED_INFER, text_body(t, nested=i % 2 == 0))
+                for i, t in enumerate(requests)
+            )
+        )
+        long = await call(app, "POST", EMBED_INFER, text_body(long_request))
+        _, _, stats = await call(app, "GET", f"/v2/models/{EMBED}/stats")
+        return replies, long, orjson.loads(stats)["model_stats"][0]
+
+    before = embed_app.state.peer.stats.execution_count
+    replies, long, stats = run_with_app(embed_app, scenario)
+    for texts, (status, _, content) in zip(requests, replies, strict=True):
+        assert status == 200, content
+        assert_same_embeddings(embeddings_of(content), reference_embeddings(encoder_session, texts))
+    assert long[0] == 200, long[2]
+    expected = reference_embeddings(encoder_session, long_request)
+    assert_same_embeddings(embeddings_of(long[2]), expected)
+    assert stats["name"] == EMBED
+    concurrent_runs = stats["execution_count"] - before - 1  # the long request ran alone
+    assert 0 < concurrent_runs < len(requests)
+    assert max(b["batch_size"] for b in stats["batch_stats"]) > 2
+
+
+def test_embed_binary_bytes_tensors_decode_like_json(embed_app, encoder_session):
+    texts = ["Ünïcödé, accents and emoji 🚀 are part of real traffic too.", "A man is eating food."]
+    body, headers = binary_text_request([t.encode() for t in texts], binary_output=True)
+
+    async def scenario(app):
+        binary = await call(app, "POST", f"/v2/models/{EMBED}/versions/1/infer", body, headers)
+        as_json = await call(app, "POST", EMBED_INFER, text_body(texts, nested=False))
+        return binary, as_json
+
+    (bstatus, bheaders, bcontent), (status, _, content) = run_with_app(embed_app, scenario)
+    assert bstatus == 200 and status == 200, (bcontent, content)
+    assert bheaders["content-type"] == "application/octet-stream"
+    from_binary = embeddings_of(bcontent, bheaders)
+    assert_same_embeddings(from_binary, reference_embeddings(encoder_session, texts))
+    np.testing.assert_allclose(from_binary, embeddings_of(content), atol=1e-6)
+
+
+def _text_tensor(**changes):
+    tensor = {"name": embed_spec.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": ["text"]}
+    return orjson.dumps({"inputs": [{**tensor, **changes}]}), {}
+
+
+EMBED_BAD_REQUESTS = [
+    ((text_body(["fine", ""]), {}), "TEXT[1]: empty text"),
+    ((text_body(["   "]), {}), "TEXT[0]: text has only whitespace"),
+    (binary_text_request([b"fine", b"\xff\xfe bad"]), "TEXT[1]: not UTF-8"),
+    (binary_request(struct.pack("<I", 10) + b"ab", 1), "TEXT[0] declares 10 bytes"),
+    (binary_request(b"\0\0", 1), "ends at byte 2, before element 0"),
+    (_text_tensor(data=[5]), "TEXT[0] must be a string, got 5"),
+    (_text_tensor(data=[None]), "TEXT[0] must be a string, got null"),
+    (_text_tensor(datatype="FP32"), "datatype BYTES"),
+    (_text_tensor(shape=[1]), "the model expects [-1, 1]"),
+    (_text_tensor(shape=[65, 1]), "outside 1..64"),
+    (_text_tensor(shape=[2, 1]), "has 1 values, shape [2, 1] needs 2"),
+    (_text_tensor(shape=[2, 1], data=[["a", "b"]]), "not nested as its declared shape [2, 1]"),
+    (_text_tensor(name="TEXTS"), "expected exactly one input 'TEXT'"),
+    (
+        (orjson.dumps({**orjson.loads(_text_tensor()[0]), "outputs": [{"name": "LOGITS"}]}), {}),
+        "unknown output 'LOGITS'",
+    ),
+]
+
+
+def test_embed_bad_texts_get_400_naming_the_item_and_batchmates_succeed(embed_app, encoder_session):
+    good = ["A monkey is playing drums.", "The girl is carrying a baby."]
+
+    async def scenario(app):
+        # Bad and good requests at once: the good ones share micro-batches among themselves.
+        everything = await asyncio.gather(
+            *(call(app, "POST", EMBED_INFER, *request) for request, _ in EMBED_BAD_REQUESTS),
+            *(call(app, "POST", EMBED_INFER, text_body([t])) for t in good),
+        )
+        after = await call(app, "POST", EMBED_INFER, text_body(good))
+        return everything[: len(EMBED_BAD_REQUESTS)], everything[len(EMBED_BAD_REQUESTS) :], after
+
+    bad, concurrent_good, after = run_with_app(embed_app, scenario)
+    for (_, reason), (code, headers, body) in zip(EMBED_BAD_REQUESTS, bad, strict=True):
+        assert code == 400, (reason, body)
+        assert headers["content-type"].startswith("application/json")
+        assert reason in orjson.loads(body)["error"], (reason, body)
+    expected = reference_embeddings(encoder_session, good)
+    for row, (status, _, content) in zip(expected, concurrent_good, strict=True):
+        assert status == 200, content
+        assert_same_embeddings(embeddings_of(content), row[None])
+    assert after[0] == 200, after[2]
+    assert_same_embeddings(embeddings_of(after[2]), expected)
+
+
+def test_embed_metadata_config_and_stats_name_the_embed_model(embed_app):
+    async def scenario(app):
+        paths = [
+            f"/v2/models/{EMBED}",
+            f"/v2/models/{EMBED}/ready",
+            f"/v2/models/{EMBED}/config",
+            f"/v2/models/{EMBED}/stats",
+            "/v2/models/classifier",
+        ]
+        return {p: await call(app, "GET", p) for p in paths}
+
+    replies = run_with_app(embed_app, scenario)
+    assert replies["/v2/models/classifier"][0] == 404  # only the served model is known
+    meta = orjson.loads(replies[f"/v2/models/{EMBED}"][2])
+    assert meta["name"] == EMBED
+    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]
+    assert meta["outputs"] == [{"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, 384]}]
+    assert replies[f"/v2/models/{EMBED}/ready"][0] == 200
+    config = orjson.loads(replies[f"/v2/models/{EMBED}/config"][2])
+    assert config["name"] == EMBED and config["max_batch_size"] == 64
+    assert (config["input"][0]["data_type"], config["input"][0]["dims"]) == ("TYPE_STRING", [1])
+    assert (config["output"][0]["data_type"], config["output"][0]["dims"]) == ("TYPE_FP32", [384])
+    assert orjson.loads(replies[f"/v2/models/{EMBED}/stats"][2])["model_stats"][0]["name"] == EMBED
+
+
+def test_embed_null_mode_answers_zeros_without_the_model():
+    app = create_app(None, model_name=EMBED)
+    assert app.state.peer.batcher is None
+
+    async def scenario(app):
+        texts = await call(app, "POST", EMBED_INFER, text_body(["one", "two", "three"]))
+        binary = await call(app, "POST", EMBED_INFER, *binary_text_request([b"a", b"b"]))
+        bad = [
+            await call(app, "POST", EMBED_INFER, *_text_tensor(datatype="INT8")),
+            await call(app, "POST", EMBED_INFER, *_text_tensor(data=[1])),
+            await call(app, "POST", EMBED_INFER, *binary_request(b"\0\0", 1)),
+        ]
+        return texts, binary, bad
+
+    texts, binary, bad = run_with_app(app, scenario)
+    assert texts[0] == 200 and binary[0] == 200
+    zeros = embeddings_of(texts[2])
+    assert zeros.shape == (3, embed_spec.HIDDEN_SIZE) and not zeros.any()
+    assert embeddings_of(binary[2]).shape == (2, embed_spec.HIDDEN_SIZE)
+    assert [status for status, _, _ in bad] == [400] * 3
+
+
+def test_embed_cli_and_process_options():
+    args = peer_mod.parse_args(["--model-name", EMBED])
+    assert args.model == peer_mod.DEFAULT_EMBED_MODEL and args.max_batch == 64
+    assert peer_mod.parse_args([]).model == peer_mod.DEFAULT_MODEL
+    command = PeerServer(peer_mod.DEFAULT_EMBED_MODEL, model_name=EMBED).command()
+    assert command[command.index("--model-name") + 1] == EMBED
+    assert "--max-batch" not in command  # the model's own default applies
+    with pytest.raises(ValueError, match="not 'bert'"):
+        PeerServer(None, model_name="bert")
+    with pytest.raises(ValueError, match="not 'bert'"):
+        create_app(None, model_name="bert")
+
+
+def test_embed_null_peer_process_serves_texts(tmp_path):
+    with PeerServer(None, model_name=EMBED, log_path=tmp_path / "peer.log") as server:
+        request = urllib.request.Request(
+            f"http://{server.url}{EMBED_INFER}", data=text_body(["hello"]), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert embeddings_of(response.read()).shape == (1, embed_spec.HIDDEN_SIZE)

@@ -103,9 +103,9 @@ def test_cores_are_split_between_server_and_load_generator():
 
 def test_short_plan_covers_every_metric_and_stays_small():
     plan = harness.Plan.short()
-    assert plan.size() * plan.rounds <= 60
+    assert plan.size() * plan.rounds <= 64
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS}
+    assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.EMBED_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
     assert harness.Plan.full().size() > plan.size()
 
@@ -220,3 +220,16 @@ def test_report_and_plots_are_written(tmp_path):
     row = "| classify served ÷ raw pipeline, concurrency 1 (gRPC) | 0.64x [0.64x – 0.64x] |"
     assert f"{row} ≥ 0.85x | **no** |" in text
     assert "![latency_vs_throughput](latency_vs_throughput.png)" in text
+
+
+def test_full_plan_is_well_formed():
+    plan = harness.Plan.full()
+    cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
+    assert {c.model for c in cases} == {*harness.MODELS, *harness.EMBED_MODELS}
+    assert all(c.payload == "binary" or c.model in (spec.CLASSIFIER, "embed") for c in cases)
+    assert set(plan.rate_targets) == {
+        (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
+    }
+    peers = 2 * 2 * 6  # classifier and embed, JSON and binary, six levels
+    nulls = 2 * 2 * 3
+    assert plan.size() == len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels)

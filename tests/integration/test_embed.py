@@ -1,0 +1,210 @@
+"""The embed ensemble on a real tritonserver: quality, cache, INT8, bad input, client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.connection import ClientError, module
+from client.embed import AsyncEmbedClient, EmbedClient
+from export import minilm as export_minilm
+from pipelines import embedding as spec
+from pipelines import minilm, text_samples
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PROTOCOLS = ["http", "grpc"]
+SERVED_MIN_COSINE = 0.9999
+
+
+def url(server, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model = minilm.load_pretrained()
+    return lambda texts: export_minilm.reference_embeddings(model, list(texts))
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_served_embeddings_match_the_pytorch_reference(server, reference, protocol):
+    texts = export_minilm.parity_texts()  # short ones and one far over 256 tokens
+    with EmbedClient(url(server, protocol), protocol) as client:
+        client.check_ready()
+        served = client.embed(texts)
+    assert served.shape == (len(texts), spec.HIDDEN_SIZE) and served.dtype == np.float32
+    assert cosines(served, reference(texts)).min() >= SERVED_MIN_COSINE
+    np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_paraphrases_score_above_unrelated_pairs(server, protocol):
+    with EmbedClient(url(server, protocol), protocol) as client:
+
+        def score(pairs):
+            a = client.embed([p[0] for p in pairs])
+            b = client.embed([p[1] for p in pairs])
+            return cosines(a, b)
+
+        assert score(text_samples.PARAPHRASES).min() > score(text_samples.UNRELATED).max()
+
+
+def embed_stats(server, model: str) -> dict:
+    import tritonclient.http as http
+
+    with http.InferenceServerClient(server.http_url) as client:
+        (stats,) = client.get_inference_statistics(model)["model_stats"]
+    return stats
+
+
+def test_repeated_texts_are_answered_from_the_response_cache(server):
+    text = ["Caching makes repeated queries nearly free."]
+    before = embed_stats(server, spec.ENSEMBLE)
+    with EmbedClient(server.grpc_url, "grpc") as client:
+        first = client.embed(text)
+        again = [client.embed(text) for _ in range(5)]
+    after = embed_stats(server, spec.ENSEMBLE)
+    hits = (
+        after["inference_stats"]["cache_hit"]["count"]
+        - before["inference_stats"]["cache_hit"]["count"]
+    )
+    assert hits >= 5
+    for vector in again:
+        np.testing.assert_array_equal(vector, first)
+
+
+def test_int8_encoder_stays_close_to_fp32(server):
+    texts = list(text_samples.SENTENCES)
+    with (
+        EmbedClient(server.grpc_url, "grpc") as fp32,
+        EmbedClient(server.grpc_url, "grpc", model="embed_int8") as int8,
+    ):
+        assert cosines(int8.embed(texts), fp32.embed(texts)).min() >= export_minilm.MIN_COSINE_INT8
+
+
+def raw_infer(server, protocol: str, array: np.ndarray, datatype: str = "BYTES") -> str | None:
+    mod = module(protocol)
+    with mod.InferenceServerClient(url(server, protocol)) as client:
+        tensor = mod.InferInput(spec.TEXT, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        try:
+            client.infer(spec.ENSEMBLE, [tensor])
+        except Exception as exc:  # noqa: BLE001 - the test inspects the message
+            return str(exc)
+    return None
+
+
+def texts(*items: bytes) -> np.ndarray:
+    return np.array(items, dtype=np.object_).reshape(-1, 1)
+
+
+BAD = {
+    "not-utf8": (texts(b"caf\xe9 latin-1"), "BYTES", "TEXT[0]: not UTF-8"),
+    "empty": (texts(b""), "BYTES", "TEXT[0]: empty text"),
+    "whitespace": (texts(b"  \t"), "BYTES", "only whitespace"),
+    "wrong-dtype": (np.zeros((1, 1), np.float32), "FP32", "expects 'BYTES'"),
+    "empty-tensor": (np.zeros((0, 1), np.object_), "BYTES", "expected 1 string elements"),
+    "bad-item-in-batch": (texts(b"fine", b"\xff"), "BYTES", "TEXT[1]: not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, protocol, case):
+    array, datatype, expected = BAD[case]
+    message = raw_infer(server, protocol, array, datatype)
+    assert message is not None and expected in message
+    with EmbedClient(url(server, protocol), protocol) as client:
+        client.check_ready()
+        assert client.embed(["still fine"]).shape == (1, spec.HIDDEN_SIZE)
+
+
+def test_long_and_mixed_length_texts_are_embedded_not_refused(server, reference):
+    mixed = ["short", text_samples.LONG_TEXT, "a medium sized sentence about serving models"]
+    with EmbedClient(server.http_url, "http") as client:
+        served = client.embed(mixed)
+    assert cosines(served, reference(mixed)).min() >= SERVED_MIN_COSINE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
+    plan = [["A man is eating food."], [b"\xff\xfe"], ["A monkey is playing drums."]] * 8
+    before = embed_stats(server, spec.TOKENIZE)
+
+    async def burst():
+        async with AsyncEmbedClient(url(server, protocol), protocol) as client:
+            return await asyncio.gather(*(client.embed(t) for t in plan), return_exceptions=True)
+
+    results = asyncio.run(burst())
+    after = embed_stats(server, spec.TOKENIZE)
+    for request, result in zip(plan, results, strict=True):
+        if isinstance(request[0], bytes):
+            assert isinstance(result, ClientError) and "not UTF-8" in str(result)
+        else:
+            assert cosines(result, reference(request)).min() >= SERVED_MIN_COSINE
+    assert after["execution_count"] - before["execution_count"] < len(plan)
+
+
+def test_cli_embeds_arguments_and_files(server, tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client",
+            "embed",
+            "A man is eating food.",
+            "--url",
+            server.grpc_url,
+            "--protocol",
+            "grpc",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout)
+    assert line["text"] == "A man is eating food." and len(line["embedding"]) == spec.HIDDEN_SIZE
+    source = tmp_path / "texts.jsonl"
+    source.write_text("\n".join(json.dumps({"text": t}) for t in text_samples.SENTENCES * 10))
+    out = tmp_path / "vectors.npy"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client",
+            "embed",
+            "--file",
+            str(source),
+            "--out",
+            str(out),
+            "--url",
+            server.http_url,
+            "--batch-size",
+            "16",
+            "--concurrency",
+            "4",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    vectors = np.load(out)
+    assert vectors.shape == (len(text_samples.SENTENCES) * 10, spec.HIDDEN_SIZE)
+    assert f"{len(vectors)}/{len(vectors)}" in done.stderr  # the progress bar finished
+    np.testing.assert_allclose(vectors[0], vectors[len(text_samples.SENTENCES)], atol=1e-6)

@@ -1,0 +1,114 @@
+"""Tokenizer set-up, pooling, the MiniLM network and its exported ONNX models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from export import minilm as export_minilm
+from pipelines import embedding as spec
+from pipelines import minilm, text_samples
+
+
+@pytest.fixture(scope="module")
+def model():
+    return minilm.load_pretrained()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [(b"", "empty text"), (b"\xff\xfe bad", "not UTF-8"), (b"   \n", "only whitespace")],
+)
+def test_bad_text_gets_a_clear_error(data, message):
+    with pytest.raises(spec.TextError, match=message):
+        spec.decode_text(data)
+
+
+def test_texts_are_truncated_at_256_and_padded_per_bucket():
+    tokens, truncated = spec.encode(["Hello world.", text_samples.LONG_TEXT])
+    assert truncated == 1
+    assert len(tokens[1]) == spec.MAX_TOKENS
+    assert tokens[0][0] == 101 and tokens[0][-1] == 102  # [CLS] ... [SEP]
+    ids, mask = spec.pad([tokens[0]])
+    assert ids.shape == (1, 16) and ids.dtype == np.int64
+    assert mask.sum() == len(tokens[0]) and (ids[0, len(tokens[0]) :] == spec.PAD_ID).all()
+    assert [spec.bucket_length(n) for n in (1, 16, 17, 100, 256)] == [16, 16, 32, 128, 256]
+
+
+def test_pooling_ignores_padding():
+    rng = np.random.default_rng(0)
+    hidden = rng.normal(size=(1, 8, spec.HIDDEN_SIZE)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 0, 0, 0, 0, 0]])
+    pooled = spec.mean_pool(hidden, mask)
+    expected = hidden[0, :3].mean(0)
+    np.testing.assert_allclose(pooled[0], expected / np.linalg.norm(expected), rtol=1e-5)
+    garbage = hidden.copy()
+    garbage[0, 3:] = 1e6
+    np.testing.assert_allclose(spec.mean_pool(garbage, mask), pooled, rtol=1e-6)
+    assert np.linalg.norm(pooled) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_bucketing_processes_fewer_tokens_than_padding_to_the_longest():
+    # Mixed traffic: mostly short queries, a few long documents, one text per request.
+    texts = list(text_samples.SENTENCES) * 4 + [text_samples.LONG_TEXT]
+    lengths = [[len(t)] for t in spec.encode(texts)[0]]
+    cost = spec.padding_cost(lengths)
+    assert cost["useful"] < cost["bucketed"] < cost["longest"]
+    assert cost["bucketed"] / cost["useful"] < 2.0
+    assert cost["longest"] / cost["useful"] > 5.0
+
+
+def test_network_loads_strictly_and_embeds_sensibly(model):
+    texts = [
+        "A man is eating food.",
+        "A man is eating a piece of bread.",
+        "A man is riding a horse.",
+    ]
+    vectors = export_minilm.reference_embeddings(model, texts)
+    assert vectors[0] @ vectors[1] == pytest.approx(0.755, abs=0.02)
+    assert vectors[0] @ vectors[2] < 0.35
+
+
+def test_every_paraphrase_scores_above_every_unrelated_pair(model):
+    def score(pairs):
+        a = export_minilm.reference_embeddings(model, [p[0] for p in pairs])
+        b = export_minilm.reference_embeddings(model, [p[1] for p in pairs])
+        return (a * b).sum(1)
+
+    assert score(text_samples.PARAPHRASES).min() > score(text_samples.UNRELATED).max()
+
+
+def test_exported_models_match_pytorch(model, encoder_onnx):
+    fp32, int8 = encoder_onnx
+    texts = export_minilm.parity_texts()
+    expected = export_minilm.reference_embeddings(model, texts)
+    assert (
+        export_minilm.check_parity(
+            expected, export_minilm.onnx_embeddings(fp32, texts), export_minilm.MIN_COSINE
+        )
+        >= export_minilm.MIN_COSINE
+    )
+    assert (
+        export_minilm.check_parity(
+            expected, export_minilm.onnx_embeddings(int8, texts), export_minilm.MIN_COSINE_INT8
+        )
+        >= export_minilm.MIN_COSINE_INT8
+    )
+    assert int8.stat().st_size < fp32.stat().st_size / 3
+
+
+def test_parity_check_fails_for_a_different_network(model, encoder_onnx):
+    texts = export_minilm.parity_texts()[:4]
+    other = minilm.load_pretrained()
+    with torch.no_grad():
+        other.encoder.layer[0].output.dense.bias[::2] += (
+            0.05  # not uniform: LayerNorm would undo that
+        )
+    expected = export_minilm.reference_embeddings(other, texts)
+    with pytest.raises(SystemExit, match="parity check failed"):
+        export_minilm.check_parity(
+            expected,
+            export_minilm.onnx_embeddings(encoder_onnx[0], texts),
+            export_minilm.MIN_COSINE,
+        )
