@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"tritonserver ready ({server.installation.binary}, "
         f"model config: {config.model_config_name or 'config.pbtxt'})\n"
-        f"  HTTP     http://{server.http_url}/v2/models/classify\n"
+        f"  HTTP     http://{server.http_url}/v2/models/{{classify,embed}}\n"
         f"  gRPC     {server.grpc_url}\n"
         f"  metrics  {server.metrics_url}\n"
         f"  log      {server.log_path}\n"
