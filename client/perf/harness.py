@@ -252,7 +252,9 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
     ]
     if encoders:
         cmd += [f"--encoder={name}={path}" for name, path in ENCODERS.items()]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"raw engine failed ({done.returncode}):\n{done.stderr[-3000:]}")
     raw = json.loads(done.stdout)
     return {
         kind: {int(k): v for k, v in curve.items()}

@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="per batch size")
     p.add_argument(
         "--encoder",
-        type=Path,
         action="append",
         default=[],
         help="NAME=PATH of an encoder ONNX to measure the embed pipeline with",

@@ -462,6 +462,22 @@ def write_markdown(
     return path
 
 
+def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """Log2 x axis, labels, grid, legend; write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[Path]:
     """Throughput vs p50/p99 per variant; formed batch size; raw vs served."""
     import matplotlib
@@ -514,16 +530,16 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
                 "o-",
                 label=f"{key[1]} {key[2]} {key[3]}",
             )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("client concurrency")
-    ax.set_ylabel("classifier: average formed batch")
-    ax.set_title("Formed batch size (statistics API)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out_dir / "formed_batch_size.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(
+        _save(
+            fig,
+            ax,
+            out_dir / "formed_batch_size.png",
+            "client concurrency",
+            "classifier: average formed batch",
+            "Formed batch size (statistics API)",
+        )
+    )
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind in ("model", "pipeline"):
@@ -542,14 +558,14 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
                 "s--",
                 label=f"{key[1]} gRPC (by concurrency)",
             )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (raw) / concurrency (served)")
-    ax.set_ylabel("images/s")
-    ax.set_title("Raw engine vs served")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out_dir / "raw_vs_served.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(
+        _save(
+            fig,
+            ax,
+            out_dir / "raw_vs_served.png",
+            "batch size (raw) / concurrency (served)",
+            "images/s",
+            "Raw engine vs served",
+        )
+    )
     return paths

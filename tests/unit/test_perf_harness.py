@@ -233,3 +233,13 @@ def test_full_plan_is_well_formed():
     peers = 2 * 2 * 6  # classifier and embed, JSON and binary, six levels
     nulls = 2 * 2 * 3
     assert plan.size() == len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels)
+
+
+def test_raw_engine_measures_every_kind(classifier_onnx, encoder_onnx):
+    plan = harness.Plan.short()
+    plan.raw_model_batches, plan.raw_pipeline_batches, plan.raw_embed_batches = [1, 2], [1], [1, 4]
+    plan.raw_seconds = 0.05
+    raw = harness.measure_raw([0], threads=1, plan=plan)
+    assert set(raw) == {"model", "pipeline", "embed", "embed_int8"}
+    assert set(raw["model"]) == {1, 2} and set(raw["embed"]) == {1, 4}
+    assert all(v > 0 for curve in raw.values() for v in curve.values())
