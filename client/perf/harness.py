@@ -102,7 +102,7 @@ class Plan:
                 (spec.PREPROCESS, "grpc", "binary"): [16],
                 (spec.POSTPROCESS, "grpc", "binary"): [16],
                 (embedding.ENSEMBLE, "grpc", "binary"): [1, 16],
-                (embedding.ENSEMBLE, "http", "json"): [16],
+                (embedding.ENSEMBLE, "http", "json"): [1, 16],
                 ("embed_int8", "grpc", "binary"): [16],
             },
             others={
@@ -113,7 +113,7 @@ class Plan:
             rate_targets=[(spec.ENSEMBLE, "grpc")],
             peer_levels={
                 spec.CLASSIFIER: {"binary": [16], "json": [16]},
-                embedding.ENSEMBLE: {"json": [16]},
+                embedding.ENSEMBLE: {"json": [1, 16]},
             },
             null_levels=[16],
             # JSON is where the generator nears its ceiling; binary had > 10x headroom here.
@@ -350,27 +350,34 @@ class Runner:
                 self.progress(f"  raw: {self.raw[-1]}")
                 shift = (r - 1) % len(all_variants)
                 for variant in all_variants[shift:] + all_variants[:shift]:
-                    variants.apply(
-                        client, variant, MODEL_REPOSITORY, server.config.model_config_name
-                    )
+                    config_name = server.config.model_config_name
+                    variants.apply(client, variant, MODEL_REPOSITORY, config_name)
+                    if variant.name == "batching":
+                        variants.set_response_cache(
+                            client, EMBED_MODELS, False, MODEL_REPOSITORY, config_name
+                        )
                     for case in self.plan.triton_cases(variant.name):
                         json_source = json_data.get(case.model)
                         source = json_source if case.payload == "json" else data[case.model]
                         self._measure(r, case, urls[case.protocol], source, client)
                     if variant.name == "batching":
                         self._rate_sweep(r, urls, data, client)
+                        variants.set_response_cache(
+                            client, EMBED_MODELS, True, MODEL_REPOSITORY, config_name
+                        )
                         for level in self.plan.cache_levels:
+                            # JSON over HTTP: the payload the peer gets, for an equal-p99 row.
                             case = Case(
                                 "triton",
                                 "batching",
                                 embedding.ENSEMBLE,
-                                "grpc",
-                                "binary",
+                                "http",
+                                "json",
                                 "concurrency",
                                 level,
                                 dataset="repeated",
                             )
-                            self._measure(r, case, urls["grpc"], repeated, client)
+                            self._measure(r, case, urls["http"], repeated, client)
                 peer_data = {
                     m: {"json": json_data[m], "binary": data[m]} for m in self.plan.peer_levels
                 }

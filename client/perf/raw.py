@@ -80,6 +80,31 @@ def embed_curve(
     return curve
 
 
+def padding_effect(onnx_path: Path, threads: int, seconds: float) -> dict[str, float]:
+    """Encoder time for mixed traffic: 48 short queries and one 256-token text.
+
+    Padded to the longest text of the batch (one [49, 256] run) against per-request buckets
+    as the tokenize step pads them (the short ones share a [48, 16] run, the long one [1, 256]).
+    """
+    from pipelines import embedding, onnx_runner, text_samples
+
+    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
+    texts = list(text_samples.SENTENCES) * 4 + [text_samples.LONG_TEXT]
+    tokens, _ = embedding.encode(texts)
+
+    def run(groups: list[list[list[int]]], length=None) -> None:
+        for group in groups:
+            ids, mask = embedding.pad(group, length)
+            feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+            onnx_runner.run(session, feeds, [embedding.TOKEN_EMBEDDINGS])
+
+    longest = max(len(t) for t in tokens)
+    padded = throughput(lambda: run([tokens], longest), len(texts), seconds)
+    bucketed = throughput(lambda: run([tokens[:-1], tokens[-1:]]), len(texts), seconds)
+    cost = embedding.padding_cost([[len(t)] for t in tokens])
+    return {"texts_per_s_pad_to_longest": padded, "texts_per_s_bucketed": bucketed, **cost}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}, "embed...": ...} as JSON."""
     p = argparse.ArgumentParser(prog="python -m client.perf.raw", description=__doc__)
@@ -95,7 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         help="NAME=PATH of an encoder ONNX to measure the embed pipeline with",
     )
     p.add_argument("--embed-batches", default="1,8,32")
+    p.add_argument(
+        "--padding-effect",
+        metavar="ENCODER_ONNX",
+        type=Path,
+        help="only measure bucketed vs pad-to-longest encoder throughput on mixed traffic",
+    )
     args = p.parse_args(argv)
+    if args.padding_effect:
+        json.dump(padding_effect(args.padding_effect, args.threads, args.seconds), sys.stdout)
+        return 0
     reference = ReferenceClassifier(args.onnx, intra_op_threads=args.threads)
     sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     result = {

@@ -173,13 +173,31 @@ def _peer_ratio(
 def _generator_headroom(
     payload: str, model: str = CLS
 ) -> Callable[[list[dict], dict], float | None]:
+    """How far the load generator reached beyond the fastest result it is meant to measure.
+
+    Its proven ceiling is the fastest answer it got for this payload from anything that does
+    no work: the null peer, or Triton answering from its response cache.
+    """
+
     def compute(rows, raw):
-        null = _saturated(rows, system="null-peer", payload=payload, model=model)
         measured = find(rows, payload=payload, protocol="http", model=model)
-        fastest = max(
-            (r["throughput"] for r in measured if r["system"] != "null-peer"), default=None
+        ceiling = max(
+            (
+                r["throughput"]
+                for r in measured
+                if r["system"] == "null-peer" or r["dataset"] == "repeated"
+            ),
+            default=None,
         )
-        return _ratio(null, fastest)
+        fastest = max(
+            (
+                r["throughput"]
+                for r in measured
+                if r["system"] != "null-peer" and r["dataset"] != "repeated"
+            ),
+            default=None,
+        )
+        return _ratio(ceiling, fastest)
 
     return compute
 
@@ -295,7 +313,7 @@ METRICS = [
         needs_headroom=("json", EMB),
     ),
     Metric(
-        "load generator headroom, embed JSON (null model ÷ fastest embed JSON result)",
+        "load generator headroom, embed JSON (null model or cache hits ÷ fastest computed)",
         _generator_headroom("json", EMB),
         target=2.0,
         note="as above",

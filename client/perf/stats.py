@@ -24,13 +24,34 @@ class ModelDelta:
         return self.inferences / self.executions if self.executions else 0.0
 
 
+def merge_versions(versions: list[dict]) -> dict:
+    """One model's statistics summed over its loaded versions (e.g. encoder fp32 and INT8)."""
+    if len(versions) == 1:
+        return versions[0]
+    merged: dict = {"inference_count": 0, "execution_count": 0, "inference_stats": {}}
+    batches: dict[int, int] = {}
+    for v in versions:
+        merged["inference_count"] += int(v.get("inference_count", 0))
+        merged["execution_count"] += int(v.get("execution_count", 0))
+        for key, entry in v.get("inference_stats", {}).items():
+            total = merged["inference_stats"].setdefault(key, {"count": 0, "ns": 0})
+            total["count"] += int(entry.get("count", 0))
+            total["ns"] += int(entry.get("ns", 0))
+        for b in v.get("batch_stats", []):
+            size = int(b["batch_size"])
+            batches[size] = batches.get(size, 0) + int(b["compute_infer"]["count"])
+    merged["batch_stats"] = [
+        {"batch_size": size, "compute_infer": {"count": n}} for size, n in sorted(batches.items())
+    ]
+    return merged
+
+
 def snapshot(client, models: Iterable[str]) -> dict[str, dict]:
-    """Raw statistics per model from a ``tritonclient.http`` client."""
-    result = {}
-    for model in models:
-        (stats,) = client.get_inference_statistics(model)["model_stats"]
-        result[model] = stats
-    return result
+    """Statistics per model (all versions together) from a ``tritonclient.http`` client."""
+    return {
+        model: merge_versions(client.get_inference_statistics(model)["model_stats"])
+        for model in models
+    }
 
 
 def _ns(stats: dict, key: str, field: str = "ns") -> int:

@@ -112,6 +112,20 @@ def standard(server_cores: int, instances: int = 2) -> list[Variant]:
     ]
 
 
+def set_response_cache(
+    client, models: tuple[str, ...], enabled: bool, repository: Path, config_name: str | None
+) -> None:
+    """Reload models with their response cache on or off (the rest of their config as is).
+
+    Benchmarks of the computed path switch it off: perf_analyzer cycles through a few inputs,
+    so with the cache on every request after the first few would be a hit.
+    """
+    for model in models:
+        config = model_config.resolve(repository / model, config_name)
+        config.response_cache.enable = enabled
+        client.load_model(model, config=model_config.to_json(config))
+
+
 def apply(client, variant: Variant, repository: Path, config_name: str | None) -> None:
     """Load every step with the variant's config, then the ensemble (explicit model control)."""
     for model, config in variant.configs(repository, config_name).items():

@@ -243,3 +243,16 @@ def test_raw_engine_measures_every_kind(classifier_onnx, encoder_onnx):
     assert set(raw) == {"model", "pipeline", "embed", "embed_int8"}
     assert set(raw["model"]) == {1, 2} and set(raw["embed"]) == {1, 4}
     assert all(v > 0 for curve in raw.values() for v in curve.values())
+
+
+def test_statistics_of_several_versions_are_summed():
+    v1 = _stats(10, 5, {1: 2, 4: 2}, 10_000_000)
+    v2 = _stats(6, 6, {1: 6}, 3_000_000)
+    merged = stats.merge_versions([v1, v2])
+    assert (merged["inference_count"], merged["execution_count"]) == (16, 11)
+    assert merged["inference_stats"]["success"] == {"count": 16, "ns": 13_000_000}
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in merged["batch_stats"]} == {
+        1: 8,
+        4: 2,
+    }
+    assert stats.merge_versions([v1]) is v1
