@@ -11,7 +11,6 @@ from pathlib import Path
 import tritonclient.http as http
 
 from client.perf import harness, inputs, perf_analyzer, report, tune, variants
-from pipelines import classification as spec
 
 EXAMPLES = """
 examples:
@@ -135,7 +134,7 @@ def add_tune_parser(sub) -> None:
         epilog=TUNE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", choices=(spec.CLASSIFIER, spec.ENSEMBLE))
+    p.add_argument("model", choices=tuple(tune.RAW_KIND))
     p.add_argument("--p99-ms", type=float, required=True, help="latency SLO (client-side p99)")
     p.add_argument("--budget-s", type=float, default=300, help="time budget for verification")
     p.add_argument("--config-name", default="local-tuned", help="write configs/<name>.pbtxt")
@@ -158,13 +157,14 @@ def tune_run(args: argparse.Namespace) -> int:
     n_cores = len(server_cpus)
     space = tune.candidates(max_batch=32, max_instances=max(2, n_cores))
     budgets = sorted({tune.threads_for(c, n_cores) for c in space})
-    kind = "model" if args.model == spec.CLASSIFIER else "pipeline"
+    kind = tune.RAW_KIND[args.model]
     plan = harness.Plan.short()
-    plan.raw_model_batches = plan.raw_pipeline_batches = list(tune.BATCHES)
+    plan.raw_model_batches = plan.raw_pipeline_batches = plan.raw_embed_batches = list(tune.BATCHES)
     plan.raw_seconds = 1.0
     raw = {}
     for threads in budgets:
-        raw[threads] = harness.measure_raw(server_cpus, threads, plan, encoders=False)[kind]
+        encoders = kind.startswith("embed")
+        raw[threads] = harness.measure_raw(server_cpus, threads, plan, encoders=encoders)[kind]
         print(
             f"raw {kind} curve, {threads} thread(s): "
             + ", ".join(f"b{b}: {v:.0f}/s" for b, v in raw[threads].items())
@@ -182,6 +182,11 @@ def tune_run(args: argparse.Namespace) -> int:
         def load(candidate: tune.Candidate) -> None:
             variant = tune.variant_for(candidate, args.model, n_cores)
             variants.apply(client, variant, MODEL_REPOSITORY, base)
+            if args.model in harness.EMBED_MODELS:
+                # Verify the computed path: perf_analyzer repeats its inputs, the cache would hit.
+                variants.set_response_cache(
+                    client, harness.EMBED_MODELS, False, MODEL_REPOSITORY, base
+                )
 
         def measure(level: int) -> perf_analyzer.Point:
             # Short windows: the tuner measures many levels; ranking needs less precision.

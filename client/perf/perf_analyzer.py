@@ -209,9 +209,15 @@ def _measure_once(run: Run, level: float, timeout: float) -> Point:
         csv_path = Path(tmp) / "out.csv"
         cmd = run.command(csv_path, level)
         log.debug("%s", " ".join(cmd))
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, env=environment(), timeout=timeout, cwd=tmp
-        )
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, env=environment(), timeout=timeout, cwd=tmp
+            )
+        except subprocess.TimeoutExpired:
+            # A server that stops answering must cost one level, not the whole run.
+            raise PerfAnalyzerError(
+                f"perf_analyzer hung: no result after {timeout:.0f} s"
+            ) from None
         if done.returncode != 0 or not csv_path.exists():
             lines = (done.stdout + done.stderr).splitlines()
             # The cause is the first line for argument errors and the last ones otherwise.

@@ -30,6 +30,7 @@ from google.protobuf import text_format
 
 from client.perf import perf_analyzer, variants
 from pipelines import classification as spec
+from pipelines import embedding
 from server import model_config
 
 log = logging.getLogger(__name__)
@@ -270,14 +271,21 @@ def best(results: Sequence[Verified]) -> Verified | None:
 def tuned_models(model: str) -> tuple[str, ...]:
     """Which step configs a tuning target changes.
 
-    The classifier, plus preprocess for the ensemble: its instances and batching decide how
-    fast images reach the classifier.
+    The classifier, plus preprocess for the classify ensemble: its instances and batching decide
+    how fast images reach the classifier. For embed, the encoder (tokenize and pool are cheap).
     """
-    if model == spec.CLASSIFIER:
-        return (spec.CLASSIFIER,)
-    if model == spec.ENSEMBLE:
-        return (spec.PREPROCESS, spec.CLASSIFIER)
-    raise ValueError(f"can tune {spec.CLASSIFIER} or {spec.ENSEMBLE}, not {model!r}")
+    targets = {
+        spec.CLASSIFIER: (spec.CLASSIFIER,),
+        spec.ENSEMBLE: (spec.PREPROCESS, spec.CLASSIFIER),
+        embedding.ENSEMBLE: (embedding.ENCODER,),
+    }
+    if model not in targets:
+        raise ValueError(f"can tune {', '.join(targets)}, not {model!r}")
+    return targets[model]
+
+
+# The raw curve (client.perf.raw) that predicts each target's capacity.
+RAW_KIND = {spec.CLASSIFIER: "model", spec.ENSEMBLE: "pipeline", embedding.ENSEMBLE: "embed"}
 
 
 def variant_for(candidate: Candidate, model: str, cores: int) -> variants.Variant:
@@ -291,6 +299,14 @@ def variant_for(candidate: Candidate, model: str, cores: int) -> variants.Varian
         ]
         for step in tuned_models(model)
     }
+    if model == embedding.ENSEMBLE:
+        return variants.Variant(
+            "tuned",
+            candidate.label(),
+            changes,
+            models=tuned_models(model),
+            ensembles=(embedding.ENSEMBLE, "embed_int8"),
+        )
     return variants.Variant("tuned", candidate.label(), changes)
 
 

@@ -31,11 +31,13 @@ class Variant:
     name: str
     description: str
     changes: dict[str, list[Mutator]] = field(default_factory=dict)
+    models: tuple[str, ...] = STEPS  # the step models it (re)loads
+    ensembles: tuple[str, ...] = (spec.ENSEMBLE,)  # reloaded after their steps
 
     def configs(self, repository: Path, config_name: str | None) -> dict[str, mc.ModelConfig]:
         """The full config of every step model under this variant."""
         configs = {}
-        for model in STEPS:
+        for model in self.models:
             config = model_config.resolve(repository / model, config_name)
             for change in self.changes.get(model, []):
                 change(config)
@@ -130,5 +132,6 @@ def apply(client, variant: Variant, repository: Path, config_name: str | None) -
     """Load every step with the variant's config, then the ensemble (explicit model control)."""
     for model, config in variant.configs(repository, config_name).items():
         client.load_model(model, config=model_config.to_json(config))
-    client.load_model(spec.ENSEMBLE)
+    for ensemble in variant.ensembles:
+        client.load_model(ensemble)
     log.info("variant %s loaded", variant.name)

@@ -173,3 +173,13 @@ def test_rematch_alternates_the_two_winners():
     assert got == (300, 300)
     out = tune.summary([], None, rematch=got)
     assert out["rematch_tuner_vs_brute_force"] == 1.0
+
+
+def test_embed_tunes_the_encoder_only():
+    variant = tune.variant_for(tune.Candidate(8, 1000, 1), "embed", cores=1)
+    assert variant.models == ("encoder",) and "embed" in variant.ensembles
+    (config,) = variant.configs(MODEL_REPOSITORY, "local").values()
+    assert config.name == "encoder" and config.backend == "python"
+    assert list(config.dynamic_batching.preferred_batch_size) == [8]
+    assert list(config.version_policy.specific.versions) == [1, 2]
+    assert tune.RAW_KIND["embed"] == "embed"
