@@ -356,7 +356,7 @@ def metric_table(rows: list[dict], raw: dict[int, dict]) -> list[dict]:
                 _generator_headroom(*metric.needs_headroom)([r for r in rows if r["round"] == n], c)
                 for n, c in raw.items()
             ]
-            if any(h is None or h < 2 for h in headroom):
+            if any(h is not None and h < 2 for h in headroom):
                 # The load generator, not either server, set these numbers.
                 table.append(
                     {
@@ -506,12 +506,18 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
     cases = case_table(rows)
     series: dict[tuple, list[dict]] = defaultdict(list)
     for e in cases:
-        if e["mode"] == "concurrency" and e["throughput"]:
+        # Cache hits and the null peer are another regime (thousands/s): the table has them.
+        if (
+            e["mode"] == "concurrency"
+            and e["throughput"]
+            and e["dataset"] == "samples"
+            and e["system"] != "null-peer"
+        ):
             series[(e["system"], e["variant"], e["model"], e["protocol"], e["payload"])].append(e)
     paths = []
 
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=False)
-    for ax, models in zip(axes, ((ENS,), (CLS,)), strict=True):
+    fig, axes = plt.subplots(1, 3, figsize=(20, 5.5), sharey=False)
+    for ax, models in zip(axes, ((ENS,), (CLS,), (EMB, EMB8)), strict=True):
         for key, points in sorted(series.items()):
             if key[2] not in models:
                 continue
@@ -526,7 +532,7 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
                 color=line.get_color(),
                 label=f"{label} p99",
             )
-        ax.set_title(f"{models[0]}: latency vs throughput (concurrency sweep)")
+        ax.set_title(f"{' / '.join(models)}: latency vs throughput (concurrency sweep)")
         ax.set_xlabel("throughput (infer/s)")
         ax.set_ylabel("latency (ms)")
         ax.grid(alpha=0.3)
