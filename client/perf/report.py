@@ -489,7 +489,8 @@ def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -536,7 +537,8 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
         ax.set_xlabel("throughput (infer/s)")
         ax.set_ylabel("latency (ms)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(out_dir / "latency_vs_throughput.png")
     fig.savefig(paths[-1], dpi=110)
