@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from client.classify import AsyncClassifyClient, ClassifyClient
 from client.connection import ClientError, module
 from pipelines import classification as spec
 from pipelines.reference import ReferenceClassifier
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -204,16 +204,6 @@ def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
             assert_matches_reference(result, reference, [img])
     executions = after["execution_count"] - before["execution_count"]
     assert executions < len(plan), "requests were batched together with the bad ones"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "client", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ from client.embed import AsyncEmbedClient, EmbedClient
 from export import minilm as export_minilm
 from pipelines import embedding as spec
 from pipelines import minilm, text_samples
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -158,50 +157,25 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
 
 
 def test_cli_embeds_arguments_and_files(server, tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "client",
-            "embed",
-            "A man is eating food.",
-            "--url",
-            server.grpc_url,
-            "--protocol",
-            "grpc",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli("embed", "A man is eating food.", "--url", server.grpc_url, "--protocol", "grpc")
     assert done.returncode == 0, done.stderr
     line = json.loads(done.stdout)
     assert line["text"] == "A man is eating food." and len(line["embedding"]) == spec.HIDDEN_SIZE
     source = tmp_path / "texts.jsonl"
     source.write_text("\n".join(json.dumps({"text": t}) for t in text_samples.SENTENCES * 10))
     out = tmp_path / "vectors.npy"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "client",
-            "embed",
-            "--file",
-            str(source),
-            "--out",
-            str(out),
-            "--url",
-            server.http_url,
-            "--batch-size",
-            "16",
-            "--concurrency",
-            "4",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_cli(
+        "embed",
+        "--file",
+        str(source),
+        "--out",
+        str(out),
+        "--url",
+        server.http_url,
+        "--batch-size",
+        "16",
+        "--concurrency",
+        "4",
     )
     assert done.returncode == 0, done.stderr
     vectors = np.load(out)
