@@ -129,8 +129,10 @@ def remove_dead_nodes(graph: onnx.GraphProto) -> int:
 def fold_pads_into_convs(model: onnx.ModelProto) -> int:
     """Merge zero ``Pad`` nodes into the ``pads`` attribute of the ``Conv`` they feed.
 
-    TF-style "SAME" padding exports as an explicit Pad before each strided conv; onnxruntime
-    does not fuse it, and the extra copy of every activation roughly halves CPU throughput.
+    TF-style "SAME" padding exports as an explicit Pad (computed by a chain of constant ops)
+    before each strided conv. Conv pads the same zeros itself, so the graph gets one op per conv
+    for every runtime; onnxruntime 1.32 measured the same speed either way here (217 vs 214
+    img/s, batch 1, one thread), older ones were reported to copy each padded activation.
 
     Returns:
         How many Pad nodes were removed (the model is changed in place).
