@@ -41,6 +41,17 @@ def input_array(request: pb_utils.InferenceRequest, name: str) -> np.ndarray | N
     return None if tensor is None else tensor.as_numpy()
 
 
+def group_by_shape(per_request: Sequence[Sequence[np.ndarray]]) -> list[list[int]]:
+    """Indices of requests whose arrays agree in every non-batch dim, in request order.
+
+    Only such requests can be concatenated into one batch (e.g. equal sequence lengths).
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, arrays in enumerate(per_request):
+        groups.setdefault(tuple(a.shape[1:] for a in arrays), []).append(i)
+    return list(groups.values())
+
+
 def split_rows(batch: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
     """Cut a concatenated batch back into per-request parts (views, no copies)."""
     return np.split(batch, np.cumsum(sizes)[:-1])

@@ -9,7 +9,6 @@ its ``1/model.py`` is one import line.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +39,8 @@ class OnnxRuntimeModel:
     def execute(self, requests):
         """One response per request, in order; requests of equal shapes share one run."""
         arrays = [{name: tb.input_array(r, name) for name in self.inputs} for r in requests]
-        # Requests can only be stacked when their non-batch dims agree (e.g. sequence length).
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, feeds in enumerate(arrays):
-            groups[tuple(feeds[n].shape[1:] for n in self.inputs)].append(i)
         responses: list = [None] * len(requests)
-        for members in groups.values():
+        for members in tb.group_by_shape([[f[n] for n in self.inputs] for f in arrays]):
             try:
                 feeds = {
                     n: np.concatenate([arrays[i][n] for i in members])

@@ -143,20 +143,21 @@ def _hop_end_to_end(rows, raw) -> float | None:
     return (row["p50_ms"] - 1000.0 / raw["pipeline"][1]) / STEPS
 
 
-def _slowest_stage(rows, raw) -> float | None:
-    stages = [_thr(rows, **_triton(m, level=16)) for m in (PRE, CLS, POST)]
-    if any(s is None for s in stages):
-        return None
-    return _ratio(_thr(rows, **_triton(ENS, level=16)), min(stages))
+def _ensemble_vs_stages(combine: Callable[[list[float]], float]):
+    """Ensemble throughput at c=16 ÷ ``combine`` of its three steps' own throughputs."""
+
+    def compute(rows, raw) -> float | None:
+        stages = [_thr(rows, **_triton(m, level=16)) for m in (PRE, CLS, POST)]
+        if any(not s for s in stages):
+            return None
+        return _ratio(_thr(rows, **_triton(ENS, level=16)), combine(stages))
+
+    return compute
 
 
-def _shared_core_bound(rows, raw) -> float | None:
-    stages = [_thr(rows, **_triton(m, level=16)) for m in (PRE, CLS, POST)]
-    if any(not s for s in stages):
-        return None
-    # Stages that share cores cannot beat one image's total cost over all of them.
-    bound = 1.0 / sum(1.0 / s for s in stages)
-    return _ratio(_thr(rows, **_triton(ENS, level=16)), bound)
+_slowest_stage = _ensemble_vs_stages(min)
+# Stages that share cores cannot beat one image's total cost over all of them.
+_shared_core_bound = _ensemble_vs_stages(lambda stages: 1.0 / sum(1.0 / s for s in stages))
 
 
 def _peer_ratio(

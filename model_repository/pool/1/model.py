@@ -1,7 +1,5 @@
 """Triton adapter: token embeddings + attention mask → L2-normalized sentence embedding."""
 
-from collections import defaultdict
-
 import numpy as np
 
 from pipelines import embedding as spec
@@ -15,11 +13,8 @@ class TritonPythonModel:
         """One response per request, in order."""
         hidden = [tb.input_array(r, spec.TOKEN_EMBEDDINGS) for r in requests]
         masks = [tb.input_array(r, spec.ATTENTION_MASK) for r in requests]
-        groups = defaultdict(list)
-        for i, mask in enumerate(masks):
-            groups[mask.shape[1]].append(i)
         responses = [None] * len(requests)
-        for members in groups.values():
+        for members in tb.group_by_shape(list(zip(hidden, masks, strict=True))):
             pooled = spec.mean_pool(
                 np.concatenate([hidden[i] for i in members]),
                 np.concatenate([masks[i] for i in members]),
