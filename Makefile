@@ -8,9 +8,12 @@ STAMP := $(VENV)/.installed
 CLASSIFIER_ONNX := model_repository/classifier/1/model.onnx
 ENCODER_ONNX := model_repository/encoder/1/model.onnx
 ENCODER_INT8_ONNX := model_repository/encoder/2/model.onnx
+ENCODER_QDQ_ONNX := model_repository/encoder/2/model.qdq.onnx
 HOST ?= 127.0.0.1
+# apt-get needs root: empty when we are root (CI), sudo otherwise.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models venv clean samples perf
+.PHONY: serve test lint format models venv clean samples perf tools gpu-bundle gpu-check
 
 venv: $(STAMP)
 
@@ -28,15 +31,17 @@ $(CLASSIFIER_ONNX): $(STAMP) pipelines/efficientnet_lite.py pipelines/classifica
 		export/__main__.py export/onnx_export.py export/efficientnet_lite0.py
 	$(PY) -m export efficientnet_lite0 --output $@
 
-# Both encoder versions come from one export run (INT8 is quantized from the fp32 model).
+# Every encoder file comes from one export run (the INT8 ones are quantized from fp32):
+# version 1 fp32, version 2 dynamic INT8 (CPU) and static Q/DQ INT8 (for TensorRT).
 $(ENCODER_ONNX): $(STAMP) pipelines/minilm.py pipelines/embedding.py pipelines/text_samples.py \
 		pipelines/onnx_runner.py export/__main__.py export/onnx_export.py export/minilm.py
-	$(PY) -m export minilm --output $@ --int8-output $(ENCODER_INT8_ONNX)
+	$(PY) -m export minilm --output $@ --int8-output $(ENCODER_INT8_ONNX) \
+		--qdq-output $(ENCODER_QDQ_ONNX)
 
-$(ENCODER_INT8_ONNX): $(ENCODER_ONNX)
+$(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX): $(ENCODER_ONNX)
 	@test -f $@ || { rm -f $(ENCODER_ONNX); $(MAKE) $(ENCODER_ONNX); }
 
-models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX)
+models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX)
 
 serve: models
 	$(PY) -m server --host $(HOST)
@@ -49,16 +54,32 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint models
+# promtool/prometheus (Debian) check the Prometheus config and evaluate the dashboard's queries.
+tools:
+	@command -v promtool >/dev/null || { \
+		echo "installing Debian's prometheus (promtool) for the monitoring tests"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
+
+test: lint models tools
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
 perf: models
 	$(PY) -m client perf $(PERF_ARGS)
 
+# The H200 check. Here: pack what the GPU machine lacks into .gpu-bundle/ (about 40-60 MB;
+# the device tool carries it: `run` with carry [".gpu-bundle"]). There: `make gpu-check`, which
+# uses that machine's own python3 (torch + CUDA) and writes its results under $OUT.
+gpu-bundle: $(STAMP)
+	$(PY) -m client.perf.gpu_check bundle --out .gpu-bundle
+
+gpu-check:
+	python3 -m client.perf.gpu_check run --bundle .gpu-bundle --out "$${OUT:-results/gpu-check}"
+
 samples: $(STAMP)
 	$(PY) -m client samples samples/
 
 clean:
-	rm -f $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX)
+	rm -f $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX)
 	rm -rf $(VENV)

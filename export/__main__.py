@@ -3,6 +3,8 @@
 Examples:
     python -m export efficientnet_lite0 --output model_repository/classifier/1/model.onnx
     python -m export minilm     # encoder/1/model.onnx (fp32) and encoder/2/model.onnx (INT8)
+    python -m export tensorrt --commands   # the trtexec commands for every engine (no GPU needed)
+    python -m export tensorrt --engines /engines --parity   # build + check (TensorRT + GPU)
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from export import efficientnet_lite0, minilm, onnx_export
+from export import efficientnet_lite0, minilm, onnx_export, tensorrt
 
 log = logging.getLogger("export")
 
@@ -37,8 +39,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     mini.add_argument("--output", type=Path, default=minilm.DEFAULT_OUTPUT)
     mini.add_argument("--int8-output", type=Path, default=minilm.DEFAULT_INT8_OUTPUT)
+    mini.add_argument("--qdq-output", type=Path, default=minilm.DEFAULT_QDQ_OUTPUT)
     mini.add_argument("--opset", type=int, default=onnx_export.DEFAULT_OPSET)
+    trt = sub.add_parser(
+        "tensorrt",
+        help="ONNX → TensorRT engines with profiles from configs/gpu.pbtxt (TensorRT 10+, GPU)",
+    )
+    trt.add_argument("--repository", type=Path, default=Path("model_repository"))
+    trt.add_argument(
+        "--engines", type=Path, help="write <model>/<version>/model.plan here (default: in place)"
+    )
+    trt.add_argument("--timing-cache", type=Path, help="read before and written after each build")
+    trt.add_argument("--workspace-mib", type=int, default=tensorrt.DEFAULT_WORKSPACE_MIB)
+    trt.add_argument("--only", action="append", help="only these models (repeatable)")
+    trt.add_argument("--commands", action="store_true", help="print trtexec commands, build none")
+    trt.add_argument("--parity", action="store_true", help="compare each engine with onnxruntime")
     return parser.parse_args(argv)
+
+
+def build_engines(args: argparse.Namespace) -> int:
+    """``python -m export tensorrt``: print the trtexec commands, or build (and check) engines."""
+    chosen = [r for r in tensorrt.recipes() if not args.only or r.model in args.only]
+    engines = args.engines or args.repository
+    if args.commands:
+        for recipe in chosen:
+            config = engine_config(recipe, args.repository)
+            profiles = tensorrt.profiles_for(config, recipe.dynamic)
+            plan = engines / recipe.model / recipe.version / "model.plan"
+            command = tensorrt.trtexec_command(
+                recipe.onnx_path(args.repository),
+                plan,
+                profiles,
+                recipe.precision,
+                args.workspace_mib,
+                args.timing_cache,
+            )
+            print(" ".join(command))
+        return 0
+    reason = tensorrt.unavailable_reason()
+    if reason:
+        log.error("cannot build engines here: %s (use --commands to see what would run)", reason)
+        return 2
+    for recipe in chosen:
+        plan = engines / recipe.model / recipe.version / "model.plan"
+        tensorrt.build(recipe, args.repository, plan, args.timing_cache, args.workspace_mib)
+        log.info("built %s", plan)
+        if args.parity:
+            tensorrt.parity(recipe, args.repository, plan)
+    return 0
+
+
+def engine_config(recipe: tensorrt.Recipe, repository: Path):
+    """The parsed Triton config an engine is built for."""
+    from server import model_config
+
+    return model_config.parse(recipe.config_path(repository))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.model == "efficientnet_lite0":
         efficientnet_lite0.main(args.output, args.opset)
     elif args.model == "minilm":
-        minilm.main(args.output, args.int8_output, args.opset)
+        minilm.main(args.output, args.int8_output, args.opset, args.qdq_output)
+    elif args.model == "tensorrt":
+        return build_engines(args)
     return 0
 
 

@@ -87,15 +87,23 @@ def decode(data: bytes, min_side: int = 0) -> Image.Image:
     return to_rgb(ImageOps.exif_transpose(img))
 
 
+def crop_box(width: int, height: int) -> tuple[int, int, int]:
+    """(left, top, side) of the central square crop: side int(CROP_FRACTION * shorter side).
+
+    Whole pixels, as the reference EfficientNet evaluation crops, so that the GPU path
+    (pipelines.gpu_image) crops exactly the same pixels.
+    """
+    side = int(spec.CROP_FRACTION * min(width, height))
+    return (width - side) // 2, (height - side) // 2, side
+
+
 def center_crop_resize(img: Image.Image, size: int = spec.IMAGE_SIZE) -> np.ndarray:
-    """Crop the central square of ``CROP_FRACTION`` of the shorter side and resize it (bicubic).
+    """Crop the central square (``crop_box``) and resize it (bicubic).
 
     Returns:
         uint8 array [size, size, 3].
     """
-    width, height = img.size
-    side = spec.CROP_FRACTION * min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
+    left, top, side = crop_box(*img.size)
     # One resampling pass from the crop box: no intermediate cropped copy.
     out = img.resize(
         (size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side)
@@ -104,8 +112,8 @@ def center_crop_resize(img: Image.Image, size: int = spec.IMAGE_SIZE) -> np.ndar
 
 
 def normalize(rgb: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """uint8 HWC RGB → float32 CHW, (x - 127) / 128, written into ``out`` if given."""
-    chw = rgb.transpose(2, 0, 1)
+    """uint8 [..., H, W, 3] RGB → float32 [..., 3, H, W], (x - 127) / 128, into ``out`` if given."""
+    chw = np.moveaxis(rgb, -1, -3)
     out = np.subtract(chw, np.float32(spec.PIXEL_MEAN), out=out, dtype=np.float32)
     out *= np.float32(spec.PIXEL_SCALE)
     return out
@@ -118,23 +126,43 @@ def preprocess(data: bytes, out: np.ndarray | None = None) -> np.ndarray:
     return normalize(center_crop_resize(decode(data, min_side=min_side)), out=out)
 
 
+def rgb_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageError | None]]:
+    """Decode, crop and resize many images into one uint8 batch (before normalization).
+
+    Returns:
+        (rgb uint8 [n, 224, 224, 3], errors): ``errors[i]`` is None when image i succeeded;
+        a failed image leaves zeros in its slot so that the others are unaffected.
+    """
+    min_side = math.ceil(spec.IMAGE_SIZE / spec.CROP_FRACTION)
+    rgb = np.zeros((len(images), spec.IMAGE_SIZE, spec.IMAGE_SIZE, spec.CHANNELS), np.uint8)
+    errors: list[ImageError | None] = []
+    for i, data in enumerate(images):
+        try:
+            rgb[i] = center_crop_resize(decode(data, min_side=min_side))
+            errors.append(None)
+        except ImageError as exc:
+            errors.append(exc)
+    return rgb, errors
+
+
 def preprocess_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageError | None]]:
-    """Preprocess many images into one preallocated batch.
+    """Preprocess many images into one batch.
 
     Args:
         images: encoded images.
 
     Returns:
         (pixels float32 [n, 3, 224, 224], errors): ``errors[i]`` is None when image i succeeded;
-        a failed image leaves zeros in its slot so that the others are unaffected.
+        a failed image's slot holds normalized black, and the others are unaffected.
     """
-    shape = (len(images), spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
-    pixels = np.zeros(shape, dtype=np.float32)
-    errors: list[ImageError | None] = []
-    for i, data in enumerate(images):
-        try:
-            preprocess(data, out=pixels[i])
-            errors.append(None)
-        except ImageError as exc:
-            errors.append(exc)
-    return pixels, errors
+    rgb, errors = rgb_batch(images)
+    return normalize(rgb), errors
+
+
+def normalize_torch(rgb):
+    """uint8 [n, H, W, 3] torch tensor → float32 [n, 3, H, W] on the same device.
+
+    The same arithmetic as ``normalize``, for GPU instances: uint8 pixels cross to the GPU
+    (a quarter of the float32 bytes) and are normalized there.
+    """
+    return (rgb.permute(0, 3, 1, 2).float() - spec.PIXEL_MEAN) * spec.PIXEL_SCALE

@@ -52,6 +52,49 @@ def group_by_shape(per_request: Sequence[Sequence[np.ndarray]]) -> list[list[int
     return list(groups.values())
 
 
-def split_rows(batch: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
-    """Cut a concatenated batch back into per-request parts (views, no copies)."""
-    return np.split(batch, np.cumsum(sizes)[:-1])
+def split_rows(batch, sizes: Sequence[int]) -> list:
+    """Cut a concatenated batch (numpy array or torch tensor) into per-request views."""
+    if isinstance(batch, np.ndarray):
+        return np.split(batch, np.cumsum(sizes)[:-1])
+    return list(batch.split(list(sizes)))
+
+
+# GPU instances ---------------------------------------------------------------------------------
+def instance_device(args: dict) -> str:
+    """The torch device of this model instance: ``cuda:<id>`` for KIND_GPU, else ``cpu``.
+
+    Triton assigns the GPU per instance (instance_group ``gpus``); never assume ``cuda:0``.
+    """
+    if args.get("model_instance_kind") == "GPU":
+        return f"cuda:{int(args['model_instance_device_id'])}"
+    return "cpu"
+
+
+def input_tensor(request: pb_utils.InferenceRequest, name: str, device: str):
+    """The named input as a torch tensor on ``device``, or None if absent.
+
+    Zero-copy through DLPack where Triton already holds it on the GPU (which needs the
+    config parameter ``FORCE_CPU_ONLY_INPUT_TENSORS: no``).
+    """
+    import torch
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    if tensor.is_cpu():
+        return torch.from_numpy(tensor.as_numpy()).to(device, non_blocking=True)
+    return torch.from_dlpack(tensor.to_dlpack()).to(device)
+
+
+def respond_tensors(outputs: dict) -> pb_utils.InferenceResponse:
+    """A successful response from torch tensors, handed to Triton through DLPack.
+
+    GPU tensors stay on their GPU: the next step reads them there, or Triton copies them once.
+    """
+    import torch.utils.dlpack
+
+    tensors = [
+        pb_utils.Tensor.from_dlpack(k, torch.utils.dlpack.to_dlpack(v.contiguous()))
+        for k, v in outputs.items()
+    ]
+    return pb_utils.InferenceResponse(tensors)

@@ -20,9 +20,12 @@ import shutil
 import socket
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server import gpus as gpu_info
+from server import repository
 from server.process import ManagedProcess, ServerStartError, client_host
 
 __all__ = ["Server", "ServerConfig", "ServerStartError", "find_installation", "free_port"]
@@ -95,13 +98,18 @@ def install_python_stub(inst: Installation) -> Path:
     return target
 
 
-def detect_environment(inst: Installation) -> str | None:
-    """The ``--model-config-name`` for this machine: local, gpu, or None (config.pbtxt)."""
+def detect_environment(inst: Installation, gpus: list[gpu_info.Gpu] | None = None) -> str | None:
+    """The ``--model-config-name`` for this machine.
+
+    * ``local``: no onnxruntime backend (the bundled server), no GPU;
+    * ``gpu-local``: the bundled server on a GPU machine (PyTorch on the GPU in Python models);
+    * ``gpu``: native backends and a GPU (TensorRT engines; ``gpu-ort`` is the alternative);
+    * None: native backends on CPU (config.pbtxt).
+    """
+    gpus = gpu_info.discover() if gpus is None else gpus
     if not inst.has_backend("onnxruntime"):
-        return "local"
-    if os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1") or shutil.which("nvidia-smi"):
-        return "gpu"
-    return None
+        return "gpu-local" if gpus else "local"
+    return "gpu" if gpus else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -126,6 +134,10 @@ class ServerConfig:
     cpus: list[int] | None = None  # pin the server (and its Python stubs) to these cores
     # Triton's local response cache; models opt in with `response_cache { enable: true }`.
     cache_bytes: int = 256 * 1024 * 1024
+    # GPU configs (configs/gpu*.pbtxt): instances per GPU (None: each config's own count).
+    instances_per_gpu: int | None = None
+    # TensorRT engines built for this machine: (model, version) → plan file.
+    engines: dict[tuple[str, str], Path] = field(default_factory=dict)
 
 
 class Server(ManagedProcess):
@@ -137,8 +149,12 @@ class Server(ManagedProcess):
         super().__init__(log_path)
         self.config = config or ServerConfig()
         self.installation = find_installation()
+        self.gpus = gpu_info.discover()
         if self.config.model_config_name == "auto":
-            self.config.model_config_name = detect_environment(self.installation)
+            self.config.model_config_name = detect_environment(self.installation, self.gpus)
+        # What tritonserver loads: the repository itself, or for GPU configs a linked copy
+        # whose instance groups name this machine's GPUs (made in prepare()).
+        self.repository = self.config.model_repository
 
     # Endpoints -----------------------------------------------------------------------------
     @property
@@ -167,7 +183,7 @@ class Server(ManagedProcess):
         c = self.config
         args = [
             str(self.installation.binary),
-            f"--model-repository={c.model_repository}",
+            f"--model-repository={self.repository}",
             f"--backend-directory={self.installation.backend_dir}",
             f"--cache-directory={self.installation.cache_dir}",
             f"--http-address={c.host}",
@@ -212,3 +228,13 @@ class Server(ManagedProcess):
                 setattr(c, name, free_port(client_host(c.host)))
         if self.installation.bundled and self.installation.has_backend("python"):
             install_python_stub(self.installation)
+        if (c.model_config_name or "").startswith("gpu"):
+            target = Path(tempfile.mkdtemp(prefix="triton-repository-"))
+            self.repository = repository.materialize(
+                c.model_repository,
+                target,
+                c.model_config_name,
+                self.gpus,
+                c.instances_per_gpu,
+                c.engines,
+            )

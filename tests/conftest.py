@@ -32,6 +32,14 @@ def encoder_onnx() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def reference(classifier_onnx):
+    """The in-process classify pipeline on onnxruntime: what every served path must match."""
+    from pipelines.reference import ReferenceClassifier
+
+    return ReferenceClassifier(classifier_onnx)
+
+
+@pytest.fixture(scope="session")
 def photos() -> dict[str, bytes]:
     """Every sample photo, JPEG-encoded as a client would send it."""
     return {name: samples.photo_bytes(name) for name in samples.PHOTOS}

@@ -46,10 +46,13 @@ def merge_versions(versions: list[dict]) -> dict:
     return merged
 
 
-def snapshot(client, models: Iterable[str]) -> dict[str, dict]:
-    """Statistics per model (all versions together) from a ``tritonclient.http`` client."""
+def snapshot(client, models: Iterable[str], **options) -> dict[str, dict]:
+    """Statistics per model (all versions together) from a tritonclient client.
+
+    ``options`` go to ``get_inference_statistics``: a gRPC client needs ``as_json=True``.
+    """
     return {
-        model: merge_versions(client.get_inference_statistics(model)["model_stats"])
+        model: merge_versions(client.get_inference_statistics(model, **options)["model_stats"])
         for model in models
     }
 

@@ -14,7 +14,6 @@ import pytest
 from client.classify import AsyncClassifyClient, ClassifyClient
 from client.connection import ClientError, module
 from pipelines import classification as spec
-from pipelines.reference import ReferenceClassifier
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
@@ -27,11 +26,6 @@ SCORE_ATOL = 1e-4
 
 def url(server, protocol: str) -> str:
     return server.http_url if protocol == "http" else server.grpc_url
-
-
-@pytest.fixture(scope="module")
-def reference(classifier_onnx) -> ReferenceClassifier:
-    return ReferenceClassifier(classifier_onnx)
 
 
 def assert_matches_reference(predictions, reference, images, top_k=spec.DEFAULT_TOP_K):

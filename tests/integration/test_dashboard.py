@@ -1,0 +1,245 @@
+"""The Grafana dashboard and the alert rules against a real tritonserver's /metrics.
+
+Every metric a panel, a dashboard variable or an alert names must be one that our running server
+exports; a real Prometheus then scrapes that server and evaluates every dashboard query.
+
+GPU metrics cannot come from this machine's server (no GPU): they are checked against a GPU
+server's page when there is one (the live server if it exports ``nv_gpu_*``, else
+``docs/gpu/metrics.txt`` written by a GPU-check run), otherwise against the names Triton
+registers in its source (``TRITON_GPU_METRICS``), and the test says which one it used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from client.embed import EmbedClient
+from tests import promql
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "docker" / "grafana" / "dashboards" / "triton.json"
+ALERTS = REPO / "docker" / "prometheus" / "alerts.yml"
+GPU_METRICS_PAGE = REPO / "docs" / "gpu" / "metrics.txt"
+
+# The GPU metric families Triton 2.51 registers when built with TRITON_ENABLE_METRICS_GPU
+# (triton-inference-server/core, src/metrics.cc, Metrics::Metrics(): gpu_utilization_family_ ...
+# gpu_energy_consumption_family_), all labelled by gpu_uuid. The CPU server here has none.
+TRITON_GPU_METRICS = frozenset(
+    {
+        "nv_gpu_utilization",
+        "nv_gpu_memory_total_bytes",
+        "nv_gpu_memory_used_bytes",
+        "nv_gpu_power_usage",
+        "nv_gpu_power_limit",
+        "nv_energy_consumption",
+    }
+)
+CACHED_TEXT = "Dashboards should show cache hits too."
+SCRAPE_INTERVAL_S = 1
+RATE_WINDOW = "15s"  # stands for $__rate_interval: several scrapes of SCRAPE_INTERVAL_S
+
+
+def is_gpu_metric(name: str) -> bool:
+    return name.startswith("nv_gpu_") or name == "nv_energy_consumption"
+
+
+def all_queries() -> list[promql.Query]:
+    queries = promql.dashboard_queries(json.loads(DASHBOARD.read_text()))
+    return queries + promql.rule_queries(yaml.safe_load(ALERTS.read_text()))
+
+
+def send_traffic(server, repeats: int = 3) -> None:
+    """Computed requests and response-cache hits, so every per-model counter has moved."""
+    with EmbedClient(server.http_url, "http") as client:
+        client.embed([f"Fresh text number {time.monotonic_ns()}."])
+        for _ in range(repeats):
+            client.embed([CACHED_TEXT])
+
+
+def metrics_page(server) -> str:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        return response.read().decode()
+
+
+@pytest.fixture(scope="module")
+def exported(server) -> set[str]:
+    send_traffic(server)
+    return promql.exported_metric_names(metrics_page(server))
+
+
+def test_server_page_has_the_per_model_and_cache_families(exported):
+    # Guards the checks below against an empty or wrong page.
+    assert {"nv_inference_count", "nv_cache_num_hits_per_model"} <= exported
+
+
+def test_every_non_gpu_metric_of_the_dashboard_and_alerts_is_exported(exported):
+    known = exported | promql.PROMETHEUS_SCRAPE_SERIES
+    unknown = {
+        where: {n for n in names if not is_gpu_metric(n)}
+        for where, names in promql.unknown_metrics(all_queries(), known).items()
+    }
+    assert not {w: n for w, n in unknown.items() if n}, "not on the server's /metrics page"
+
+
+def gpu_metric_names(exported: set[str]) -> tuple[set[str], str]:
+    """The GPU metric names to check against, and where they come from."""
+    live = {n for n in exported if is_gpu_metric(n)}
+    if live:
+        return live, "the running server (it has a GPU)"
+    if GPU_METRICS_PAGE.exists():
+        page = promql.exported_metric_names(GPU_METRICS_PAGE.read_text())
+        return {n for n in page if is_gpu_metric(n)}, f"{GPU_METRICS_PAGE.relative_to(REPO)}"
+    return set(TRITON_GPU_METRICS), "TRITON_GPU_METRICS (Triton's src/metrics.cc), not a GPU"
+
+
+def test_gpu_metrics_of_the_dashboard_are_verified_only_against_a_gpu_server_or_triton_source(
+    exported,
+):
+    names_used = {n for q in all_queries() for n in promql.metric_names(q.expr) if is_gpu_metric(n)}
+    assert {"nv_gpu_utilization", "nv_gpu_memory_used_bytes"} <= names_used
+    known, source = gpu_metric_names(exported)
+    assert known, f"{source} lists no GPU metric"
+    assert names_used <= known, f"not in {source}: {sorted(names_used - known)}"
+    if "not a GPU" in source:
+        warnings.warn(
+            f"GPU panels checked against {source}; verified on a live GPU server only when "
+            f"{GPU_METRICS_PAGE.relative_to(REPO)} exists or the server has a GPU",
+            UserWarning,
+            stacklevel=1,
+        )
+
+
+# --- a real Prometheus evaluates every dashboard query ---------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def prometheus_binary() -> str:
+    found = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
+    if not found:
+        pytest.fail(
+            "prometheus not found: it evaluates the dashboard's queries. Install Debian's "
+            "`prometheus` package (apt-get install -y --no-install-recommends prometheus)"
+        )
+    return found
+
+
+def api(base: str, path: str, **params) -> dict:
+    url = f"{base}{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def prometheus(server, tmp_path_factory):
+    """A Prometheus scraping the test server every second, on a free loopback port."""
+    work = tmp_path_factory.mktemp("prometheus")
+    target = urllib.parse.urlsplit(server.metrics_url)
+    config = {
+        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s"},
+        "scrape_configs": [
+            {
+                "job_name": "triton",
+                "metrics_path": target.path,
+                "static_configs": [{"targets": [target.netloc]}],
+            }
+        ],
+    }
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (work / "prometheus.log").open("w")
+    process = subprocess.Popen(
+        [
+            prometheus_binary(),
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                result = api(base, "/api/v1/query", query='up{job="triton"} == 1')
+                if result["data"]["result"]:
+                    break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"Prometheus did not scrape the server: {(work / 'prometheus.log')}")
+            time.sleep(0.5)
+        # Traffic spread over several scrapes, so rates and ratios have two samples to work on.
+        for _ in range(6):
+            send_traffic(server, repeats=2)
+            time.sleep(SCRAPE_INTERVAL_S)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def as_prometheus_query(expr: str) -> str:
+    """What Grafana sends: $model at "All" is its allValue .*, intervals are durations."""
+    expr = expr.replace("$model", ".*").replace("${model}", ".*")
+    return promql.expand_grafana_variables(expr.replace("$__rate_interval", RATE_WINDOW))
+
+
+def test_every_dashboard_query_returns_data_from_prometheus(prometheus):
+    dashboard = json.loads(DASHBOARD.read_text())
+    empty, failed = [], {}
+    for query in promql.dashboard_queries(dashboard):
+        names = promql.metric_names(query.expr)
+        try:
+            result = api(prometheus, "/api/v1/query", query=as_prometheus_query(query.expr))
+        except urllib.error.HTTPError as exc:
+            failed[query.where] = exc.read().decode()
+            continue
+        if any(is_gpu_metric(n) for n in names):
+            continue  # evaluated without error; no GPU here, so no series to expect
+        if not result["data"]["result"]:
+            empty.append(query.where)
+    assert not failed, failed
+    assert not empty, f"no series from Prometheus for {empty}"
+
+
+def test_dashboard_ratios_come_out_right_from_prometheus(prometheus):
+    """Formed batch size is at least 1 and the cache hit rate of embed is above 0."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    by_title = {p["title"]: p for p in promql.dashboard_panels(dashboard) if p.get("type") != "row"}
+
+    def values(title: str) -> dict[str, float]:
+        (target,) = by_title[title]["targets"]
+        result = api(prometheus, "/api/v1/query", query=as_prometheus_query(target["expr"]))
+        return {r["metric"].get("model"): float(r["value"][1]) for r in result["data"]["result"]}
+
+    batch = values("Formed batch size")
+    assert batch["tokenize"] >= 1.0 and batch["pool"] >= 1.0
+    hits = values("Response cache hit rate")
+    assert 0 < hits["embed"] <= 1

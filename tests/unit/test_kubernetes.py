@@ -1,0 +1,280 @@
+"""The Kubernetes manifests: strict schema validation (offline) and the contract between them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kubernetes_validate
+
+from server.launcher import MODEL_REPOSITORY
+from server.model_config import parse
+
+KUBERNETES = Path(__file__).resolve().parents[2] / "docker" / "kubernetes"
+MANIFESTS = sorted(p for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
+# The oldest release the manifests target (PDB unhealthyPodEvictionPolicy is GA there) and the
+# newest schema kubernetes-validate ships, so a field removed since 1.31 fails too.
+KUBERNETES_VERSIONS = ["1.31", "1.37"]
+
+QUEUE = "nv_inference_queue_duration_us"
+COMPUTE = "nv_inference_compute_infer_duration_us"
+HTTP, GRPC, METRICS = 8000, 8001, 8002
+
+
+def load(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def resource(kind: str) -> dict:
+    (found,) = [doc for path in MANIFESTS for doc in load(path) if doc["kind"] == kind]
+    return found
+
+
+@pytest.fixture(scope="module")
+def deployment() -> dict:
+    return resource("Deployment")
+
+
+@pytest.fixture(scope="module")
+def pod(deployment) -> dict:
+    return deployment["spec"]["template"]
+
+
+@pytest.fixture(scope="module")
+def container(pod) -> dict:
+    (only,) = pod["spec"]["containers"]
+    return only
+
+
+@pytest.fixture(scope="module")
+def adapter_rule() -> dict:
+    """The prometheus-adapter rule, parsed from the adapter config inside the ConfigMap."""
+    config = yaml.safe_load(resource("ConfigMap")["data"]["config.yaml"])
+    (rule,) = config["rules"]
+    return rule
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and selector.items() <= labels.items()
+
+
+def container_port(container: dict, name: str) -> int:
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == name]
+    return port
+
+
+# Schema ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_validates_strictly(path: Path, version: str):
+    # The schemas ship inside the package: no network. Strict rejects unknown fields, and the
+    # Python API raises SchemaNotFoundError for an unknown kind/apiVersion (the CLI only warns).
+    docs = load(path)
+    assert docs, f"{path.name} holds no resource"
+    errors = []
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f"{doc['kind']} at {'.'.join(map(str, e.path))}: {e.message}")
+    # Outside the except: the chained jsonschema error would print the whole schema.
+    assert not errors, f"{path.name}: {errors}"
+
+
+def test_strict_validation_rejects_an_unknown_field(deployment):
+    # Guards the test above: a misspelt field must fail, not pass silently.
+    broken = yaml.safe_load(yaml.safe_dump(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError) as caught:
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[0], strict=True)
+    assert "'readinesProbe' was unexpected" in caught.value.message
+
+
+def test_kustomization_lists_every_manifest_and_the_image():
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in MANIFESTS)
+    # A top-level namespace would move the adapter rules out of the adapter's namespace.
+    assert "namespace" not in kustomization
+    image = resource("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    name, tag = image.rsplit(":", 1)
+    (entry,) = kustomization["images"]
+    assert entry["name"] == name and entry.get("newTag", tag) == tag
+
+
+def test_triton_resources_live_in_the_namespace():
+    namespace = resource("Namespace")["metadata"]["name"]
+    for path in MANIFESTS:
+        for doc in load(path):
+            if doc["kind"] not in ("Namespace", "ConfigMap"):
+                assert doc["metadata"]["namespace"] == namespace, f"{path.name} {doc['kind']}"
+
+
+# Deployment --------------------------------------------------------------------------------------
+def test_deployment_selects_its_pods_and_leaves_replicas_to_the_hpa(deployment, pod):
+    assert selects(deployment["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    assert "replicas" not in deployment["spec"]
+
+
+def test_container_ports(container):
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": HTTP,
+        "grpc": GRPC,
+        "metrics": METRICS,
+    }
+
+
+@pytest.mark.parametrize(
+    ("probe", "path"),
+    [
+        ("startupProbe", "/v2/health/live"),
+        ("livenessProbe", "/v2/health/live"),
+        ("readinessProbe", "/v2/health/ready"),
+    ],
+)
+def test_probes_hit_triton_health_on_the_http_port(container, probe, path):
+    get = container[probe]["httpGet"]
+    assert get["path"] == path
+    port = get["port"] if isinstance(get["port"], int) else container_port(container, get["port"])
+    assert port == HTTP
+
+
+def test_startup_probe_allows_minutes_for_the_engine_build(container):
+    probe = container["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 15 * 60
+
+
+def test_grace_period_covers_the_prestop_sleep_and_tritons_exit_timeout(pod, container):
+    (sleep,) = [int(a) for a in container["lifecycle"]["preStop"]["exec"]["command"][1:]]
+    (exit_timeout,) = [
+        int(a.split("=", 1)[1]) for a in container["args"] if a.startswith("--exit-timeout-secs=")
+    ]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > sleep + exit_timeout
+
+
+def test_one_gpu_on_gpu_nodes(pod, container):
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["spec"]["nodeSelector"]
+    tolerations = pod["spec"]["tolerations"]
+    assert any(t["key"] == "nvidia.com/gpu" and t["effect"] == "NoSchedule" for t in tolerations)
+
+
+def test_model_config_name_exists_in_the_repository(container):
+    env = {e["name"]: e["value"] for e in container["env"]}
+    name = env["TRITON_MODEL_CONFIG_NAME"]
+    assert list(MODEL_REPOSITORY.glob(f"*/configs/{name}.pbtxt")), name
+
+
+def test_scrape_annotations_point_at_the_metrics_port(pod, container):
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == container_port(container, "metrics")
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_writable_paths_are_volumes_and_shm_is_memory(pod, container):
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    # The root filesystem is read-only: everything the entrypoint writes must be mounted.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"/tmp", "/engines", "/dev/shm"} <= mounts.keys()
+    shm = mounts["/dev/shm"]["emptyDir"]
+    assert shm["medium"] == "Memory" and shm["sizeLimit"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TRITON_ENGINE_CACHE"] in mounts
+
+
+def test_runs_as_triton_server_without_privileges(pod, container):
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security.get("privileged", False) is False
+
+
+# Service, PDB ------------------------------------------------------------------------------------
+def test_service_targets_the_pods_on_the_three_ports(pod, container):
+    service = resource("Service")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert selects(service["spec"]["selector"], pod["metadata"]["labels"])
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert {name: p["port"] for name, p in ports.items()} == {
+        "http": HTTP,
+        "grpc": GRPC,
+        "metrics": METRICS,
+    }
+    for name, p in ports.items():
+        target = p["targetPort"]
+        assert (target if isinstance(target, int) else container_port(container, target)) == (
+            container_port(container, name)
+        )
+
+
+def test_pdb_selects_the_pods(pod):
+    pdb = resource("PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    # With maxUnavailable >= minReplicas a drain could empty the service.
+    assert (
+        pdb["spec"]["maxUnavailable"] < resource("HorizontalPodAutoscaler")["spec"]["minReplicas"]
+    )
+
+
+# HPA and the prometheus-adapter rule -------------------------------------------------------------
+def test_hpa_scales_the_deployment(deployment):
+    hpa = resource("HorizontalPodAutoscaler")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        deployment["apiVersion"],
+        deployment["kind"],
+        deployment["metadata"]["name"],
+    )
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    # Pods being removed are cheap to lose but slow to get back (engine build).
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+
+
+def test_hpa_metric_is_the_one_the_adapter_rule_produces(adapter_rule):
+    (metric,) = resource("HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    series = re.match(r"\s*(\w+)\{", adapter_rule["seriesQuery"]).group(1)
+    name = adapter_rule["name"]
+    assert re.fullmatch(name["matches"], series)
+    assert "$" not in name["as"]  # a literal name, no capture groups to expand
+    assert metric["pods"]["metric"]["name"] == name["as"]
+
+
+def test_adapter_rule_is_per_pod(adapter_rule):
+    assert adapter_rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    query = adapter_rule["metricsQuery"]
+    # Both rates restricted to the HPA's pods and summed per pod, not across the deployment.
+    assert query.count("<<.LabelMatchers>>") == 2
+    assert query.count("sum by (<<.GroupBy>>)") == 2
+
+
+def test_adapter_rule_divides_queue_by_compute(adapter_rule):
+    assert set(re.findall(r"\bnv_\w+", adapter_rule["seriesQuery"])) == {QUEUE}
+    query = adapter_rule["metricsQuery"]
+    assert set(re.findall(r"\bnv_\w+", query)) == {QUEUE, COMPUTE}
+    numerator, denominator = query.split("/", 1)
+    assert QUEUE in numerator and COMPUTE not in numerator
+    assert COMPUTE in denominator
+
+
+def test_adapter_rule_leaves_out_exactly_the_ensembles(adapter_rule):
+    # An ensemble's compute counter repeats its steps' compute (shown on a real server by
+    # tests/integration/test_kubernetes_metrics.py); counting it would halve the ratio.
+    ensembles = {
+        path.parent.name
+        for path in MODEL_REPOSITORY.glob("*/config.pbtxt")
+        if parse(path).platform == "ensemble"
+    }
+    assert ensembles
+    excluded = re.findall(r'model!~"([^"]*)"', adapter_rule["metricsQuery"])
+    assert len(excluded) == 2
+    for pattern in excluded:
+        assert set(pattern.split("|")) == ensembles

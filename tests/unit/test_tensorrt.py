@@ -1,0 +1,151 @@
+"""TensorRT export pieces that need no GPU: profiles from configs, trtexec commands, the
+config/engine consistency check, the FP16 model for strongly typed builds; and the build
+itself where TensorRT and a GPU exist."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from export import tensorrt as trt_export
+from pipelines import classification, embedding
+from server import model_config
+from server.launcher import MODEL_REPOSITORY
+
+
+def gpu_config(model: str):
+    return model_config.parse(MODEL_REPOSITORY / model / "configs" / "gpu.pbtxt")
+
+
+def recipe(model: str, version: str = "1") -> trt_export.Recipe:
+    return next(r for r in trt_export.recipes() if (r.model, r.version) == (model, version))
+
+
+@pytest.mark.parametrize(
+    ("max_batch", "preferred", "expected"),
+    [
+        (128, [16, 64, 128], [(1, 16, 16), (17, 64, 64), (65, 128, 128)]),
+        (32, [4], [(1, 4, 4), (5, 32, 32)]),
+        (8, [], [(1, 8, 8)]),
+        (64, [64, 16, 16], [(1, 16, 16), (17, 64, 64)]),
+    ],
+)
+def test_batch_ranges_end_at_preferred_sizes_and_reach_the_max(max_batch, preferred, expected):
+    assert trt_export.batch_ranges(max_batch, preferred) == expected
+
+
+@pytest.mark.parametrize(("max_batch", "preferred"), [(0, []), (16, [32]), (16, [0])])
+def test_batch_ranges_refuse_impossible_configs(max_batch, preferred):
+    with pytest.raises(ValueError):
+        trt_export.batch_ranges(max_batch, preferred)
+
+
+def test_classifier_profiles_follow_its_gpu_config():
+    config = gpu_config(classification.CLASSIFIER)
+    profiles = trt_export.profiles_for(config)
+    assert [p[classification.PIXELS].opt[0] for p in profiles] == list(
+        config.dynamic_batching.preferred_batch_size
+    )
+    assert profiles[-1][classification.PIXELS].max == (config.max_batch_size, 3, 224, 224)
+    assert trt_export.check_engine(config, trt_export.planned_spec(config, profiles)) == []
+
+
+def test_encoder_profiles_span_the_tokenizer_buckets():
+    low, opt, high = trt_export.sequence_range()
+    assert (low, high) == (embedding.BUCKETS[0], embedding.MAX_TOKENS) and opt in embedding.BUCKETS
+    config = gpu_config(embedding.ENCODER)
+    profiles = trt_export.profiles_for(config, recipe(embedding.ENCODER).dynamic)
+    for profile in profiles:
+        ids, mask = profile[embedding.INPUT_IDS], profile[embedding.ATTENTION_MASK]
+        assert ids == mask
+        assert (ids.min[1], ids.opt[1], ids.max[1]) == (low, opt, high)
+    assert trt_export.check_engine(config, trt_export.planned_spec(config, profiles)) == []
+
+
+def test_dynamic_axes_without_a_range_are_refused():
+    with pytest.raises(ValueError, match="dynamic"):
+        trt_export.profiles_for(gpu_config(embedding.ENCODER))
+
+
+def engine_like(config, profiles, **changes) -> trt_export.EngineSpec:
+    spec = trt_export.planned_spec(config, profiles)
+    fields = {**spec.__dict__, **changes}
+    return trt_export.EngineSpec(**fields)
+
+
+def test_check_engine_names_each_mismatch():
+    config = gpu_config(classification.CLASSIFIER)
+    profiles = trt_export.profiles_for(config)
+    short = profiles[:-1]  # an engine built for batch 64 behind a config that says 128
+    assert any(
+        "reach batch 64" in p for p in trt_export.check_engine(config, engine_like(config, short))
+    )
+    gap = [profiles[0], profiles[2]]
+    assert any("17..64" in p for p in trt_export.check_engine(config, engine_like(config, gap)))
+    wrong_dims = engine_like(config, profiles, inputs={classification.PIXELS: (-1, 3, 256, 256)})
+    assert any("axis 2" in p for p in trt_export.check_engine(config, wrong_dims))
+    renamed = engine_like(config, profiles, outputs={"output": (-1, 1000)})
+    problems = trt_export.check_engine(config, renamed)
+    assert any("LOGITS is not in the engine" in p for p in problems)
+    assert any("not in the config" in p for p in problems)
+    half = engine_like(config, profiles, dtypes={classification.PIXELS: np.float16})
+    assert any("float16" in p for p in trt_export.check_engine(config, half))
+    assert trt_export.check_engine(config, engine_like(config, [])) == [
+        "the engine has no optimization profile"
+    ]
+
+
+def test_trtexec_command_uses_tensorrt_10_flags(tmp_path):
+    config = gpu_config(embedding.ENCODER)
+    profiles = trt_export.profiles_for(config, recipe(embedding.ENCODER).dynamic)
+    cmd = trt_export.trtexec_command(
+        tmp_path / "model.onnx", tmp_path / "model.plan", profiles, "fp16", 2048, tmp_path / "tc"
+    )
+    assert cmd[0] == "trtexec" and "--fp16" in cmd
+    assert "--explicitBatch" not in cmd and not any(a.startswith("--workspace") for a in cmd)
+    assert "--memPoolSize=workspace:2048M" in cmd and f"--timingCacheFile={tmp_path / 'tc'}" in cmd
+    mins = [a for a in cmd if a.startswith("--minShapes=")]
+    assert len(mins) == len(profiles)
+    assert mins[0] == "--minShapes=INPUT_IDS:1x16,ATTENTION_MASK:1x16"
+    assert "--maxShapes=INPUT_IDS:64x256,ATTENTION_MASK:64x256" in cmd
+    int8 = trt_export.trtexec_command(tmp_path / "q.onnx", tmp_path / "p", profiles, "int8")
+    assert "--int8" in int8
+    typed = trt_export.trtexec_command(
+        tmp_path / "h.onnx", tmp_path / "p", profiles, "fp16", strongly_typed=True
+    )
+    assert "--stronglyTyped" in typed and "--fp16" not in typed
+    with pytest.raises(ValueError):
+        trt_export.trtexec_command(tmp_path / "m", tmp_path / "p", profiles, "fp8")
+
+
+def test_every_recipe_has_its_onnx_and_config(classifier_onnx, encoder_onnx):
+    for r in trt_export.recipes():
+        assert r.onnx_path(MODEL_REPOSITORY).exists(), r
+        assert r.config_path(MODEL_REPOSITORY).exists(), r
+        assert r.precision in trt_export.PRECISIONS
+
+
+def test_fp16_model_for_strongly_typed_builds_keeps_fp32_io(tmp_path, classifier_onnx):
+    from export.efficientnet_lite0 import photos_batch
+
+    half = trt_export.fp16_onnx(classifier_onnx, tmp_path / "model.fp16.onnx")
+    pixels = photos_batch()
+    want = ort.InferenceSession(str(classifier_onnx)).run(None, {classification.PIXELS: pixels})[0]
+    got = ort.InferenceSession(str(half)).run(None, {classification.PIXELS: pixels})[0]
+    assert got.dtype == np.float32
+    assert (got.argmax(1) == want.argmax(1)).all()
+    assert np.abs(got - want).max() < trt_export.FP16_LOGIT_ATOL
+
+
+def test_build_and_parity_where_tensorrt_and_a_gpu_exist(tmp_path, classifier_onnx):
+    reason = trt_export.unavailable_reason()
+    if reason:
+        pytest.skip(f"engine build not exercised here: {reason}")
+    r = recipe(classification.CLASSIFIER)
+    plan = tmp_path / "model.plan"
+    spec = trt_export.build(r, MODEL_REPOSITORY, plan, tmp_path / "timing.cache")
+    assert (tmp_path / "timing.cache").stat().st_size > 0
+    assert len(spec.profiles) == len(gpu_config(r.model).dynamic_batching.preferred_batch_size)
+    report = trt_export.parity(r, MODEL_REPOSITORY, plan)
+    assert report.top1_agreement == 1.0
