@@ -340,6 +340,21 @@ def perf_input(photos: list[bytes], directory: Path) -> Path:
     return path
 
 
+def server_config(**overrides):
+    """``classify`` alone, with the gpu-local configs, on free loopback ports."""
+    from pipelines import classification as spec
+    from server import ServerConfig
+
+    return ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        model_config_name="gpu-local",
+        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
+        **overrides,
+    )
+
+
 def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, deadline: float):
     """Start the server with the gpu-local configs, check answers, sweep perf_analyzer."""
     import tritonclient.grpc as grpcclient
@@ -347,16 +362,9 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
     from client.classify import ClassifyClient
     from client.perf import perf_analyzer, stats
     from pipelines import classification as spec
-    from server import Server, ServerConfig
+    from server import Server
 
-    config = ServerConfig(
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        model_config_name="gpu-local",
-        cache_bytes=0,
-        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
-    )
+    config = server_config(cache_bytes=0)
     started = time.perf_counter()
     with Server(config, log_path=out / "tritonserver.log") as server:
         report.stages_s["server_start"] = round(time.perf_counter() - started, 1)

@@ -12,8 +12,6 @@ registers in its source (``TRITON_GPU_METRICS``), and the test says which one it
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -28,6 +26,7 @@ import yaml
 
 from client.embed import EmbedClient
 from tests import promql
+from tests.helpers import prometheus_tool
 
 pytestmark = pytest.mark.integration
 
@@ -133,16 +132,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def prometheus_binary() -> str:
-    found = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
-    if not found:
-        pytest.fail(
-            "prometheus not found: it evaluates the dashboard's queries. Install Debian's "
-            "`prometheus` package (apt-get install -y --no-install-recommends prometheus)"
-        )
-    return found
-
-
 def api(base: str, path: str, **params) -> dict:
     url = f"{base}{path}?{urllib.parse.urlencode(params)}"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -169,7 +158,7 @@ def prometheus(server, tmp_path_factory):
     log = (work / "prometheus.log").open("w")
     process = subprocess.Popen(
         [
-            prometheus_binary(),
+            prometheus_tool("prometheus"),
             f"--config.file={work / 'prometheus.yml'}",
             f"--storage.tsdb.path={work / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",

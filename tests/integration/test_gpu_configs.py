@@ -12,8 +12,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from client.classify import ClassifyClient
+from client.perf import gpu_check
 from pipelines import classification as spec
-from server import Server, ServerConfig
+from server import Server
 from tests.integration.test_classify import assert_matches_reference
 
 pytestmark = pytest.mark.integration
@@ -22,15 +23,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def gpu_local_server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("triton-gpu-local") / "tritonserver.log"
-    config = ServerConfig(
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        model_config_name="gpu-local",
-        instances_per_gpu=1,
-        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
-    )
-    with Server(config, log_path=log_path) as running:
+    # What `make gpu-check` serves, one instance per (absent) GPU.
+    with Server(gpu_check.server_config(instances_per_gpu=1), log_path=log_path) as running:
         yield running
 
 

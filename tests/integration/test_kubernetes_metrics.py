@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -24,6 +23,7 @@ from client.embed import EmbedClient
 from pipelines import embedding as spec
 from server.launcher import MODEL_REPOSITORY, free_port
 from server.model_config import parse
+from tests.helpers import prometheus_tool
 
 pytestmark = pytest.mark.integration
 
@@ -145,9 +145,7 @@ def warmed(server):
 @pytest.fixture
 def prometheus(warmed, tmp_path):
     """A real Prometheus scraping the test server every second; yields its query function."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("no prometheus binary: `make tools` (apt-get install prometheus) installs it")
+    binary = prometheus_tool("prometheus")
     port = free_port()
     target = warmed.metrics_url.removeprefix("http://").removesuffix("/metrics")
     config = {

@@ -23,6 +23,7 @@ import yaml
 
 from server import model_config
 from tests import promql
+from tests.helpers import prometheus_tool
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -99,16 +100,6 @@ def tool(name: str) -> str:
     found = str(beside) if beside.exists() else shutil.which(name)
     if not found:
         pytest.fail(f"`{name}` not found in {beside.parent} or on PATH")
-    return found
-
-
-def promtool() -> str:
-    found = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    if not found:
-        pytest.fail(
-            "promtool not found: it validates docker/prometheus/. Install Debian's `prometheus` "
-            "package (apt-get install -y --no-install-recommends prometheus) or set PROMTOOL"
-        )
     return found
 
 
@@ -609,7 +600,9 @@ def test_prometheus_and_grafana_get_their_configuration(stack):
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([promtool(), *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [prometheus_tool("promtool"), *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_prometheus_config_and_rules_pass_promtool():
