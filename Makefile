@@ -54,12 +54,14 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# promtool/prometheus (Debian) check the Prometheus config and evaluate the dashboard's queries.
+# Debian packages the tests drive for real: promtool/prometheus check the Prometheus config and
+# evaluate the dashboard's queries; nginx is the load balancer in front of several servers.
 tools:
-	@command -v promtool >/dev/null || { \
-		echo "installing Debian's prometheus (promtool) for the monitoring tests"; \
+	@command -v promtool >/dev/null && command -v nginx >/dev/null || { \
+		echo "installing Debian's prometheus and nginx for the monitoring and sharding tests"; \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			prometheus nginx; }
 
 test: lint models tools
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
