@@ -124,9 +124,26 @@ class ManagedProcess:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             log.warning("%s did not stop within %.0f s; killing it", self.name, timeout)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait()
+            self.kill()
+            return self.process.returncode
+
+    def kill(self) -> float:
+        """SIGKILL the process and everything it started (as a crash would); returns when.
+
+        A killed tritonserver cannot unlink its Python-backend stubs' shared-memory regions, so
+        the ones its process group had mapped are removed here (only those: other servers on
+        the machine keep theirs).
+        """
+        pid = self.process.pid
+        regions = shm_regions_of_group(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        self.process.wait()
+        for region in regions:
+            with contextlib.suppress(FileNotFoundError):
+                region.unlink()
+        return killed
 
     def __enter__(self):
         return self.start()
@@ -135,3 +152,22 @@ class ManagedProcess:
         self.stop()
         if self._own_log and exc[0] is None:
             self.log_path.unlink(missing_ok=True)
+
+
+def shm_regions_of_group(pgid: int) -> set[Path]:
+    """/dev/shm files mapped by the processes of one process group (a server and its stubs)."""
+    found: set[Path] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            maps = (entry / "maps").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        for line in maps.splitlines():
+            path = line.split()[-1]
+            if path.startswith("/dev/shm/triton_python_backend_shm_region"):
+                found.add(Path(path))
+    return found

@@ -6,10 +6,7 @@ counts every request sent and every answer received.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import threading
 import time
 from collections import Counter, defaultdict
@@ -86,17 +83,7 @@ class Cluster:
 
     def kill(self, name: str) -> float:
         """SIGKILL the server and its Python-backend stubs, as a crash would; returns when."""
-        server = self.servers[name]
-        pid = server.process.pid
-        regions = shm_regions_of_group(pid)
-        os.killpg(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        server.process.wait(30)
-        # A killed server cannot unlink its stubs' shared memory; these are only its own.
-        for region in regions:
-            with contextlib.suppress(FileNotFoundError):
-                region.unlink()
-        return killed
+        return self.servers[name].kill()
 
     def urls(self, protocol: str) -> dict[str, str]:
         servers = {n: self.servers[n] for n in NAMES}
@@ -117,25 +104,6 @@ def embed_stats(server: Server) -> dict[str, int]:
     with http.InferenceServerClient(server.http_url) as client:
         (stats,) = client.get_inference_statistics(spec.ENSEMBLE)["model_stats"]
     return {k: int(stats["inference_stats"][k]["count"]) for k in ("success", "fail")}
-
-
-def shm_regions_of_group(pgid: int) -> set[Path]:
-    """/dev/shm files mapped by the processes of one process group (a server and its stubs)."""
-    found: set[Path] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != pgid:
-                continue
-            maps = (entry / "maps").read_text()
-        except (OSError, ProcessLookupError):
-            continue
-        for line in maps.splitlines():
-            path = line.split()[-1]
-            if path.startswith("/dev/shm/triton_python_backend_shm_region"):
-                found.add(Path(path))
-    return found
 
 
 @pytest.fixture(scope="module")
