@@ -3,18 +3,32 @@
 Example:
     python -m server                       # loopback, ports 8000/8001/8002
     python -m server --host 0.0.0.0 --http-port 9000
+    TRITON_ADMIN_KEY=... python -m server  # admin endpoints open to that key
+
+Model control, the repository index, shared-memory registration and the log and trace settings
+answer only requests with the header ``admin-key: <key>`` (gRPC metadata
+``triton-grpc-protocol-admin-key``); the key is $TRITON_ADMIN_KEY, or one made at start and
+printed once. Inference, health, metadata, model configs and statistics stay open.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from server.launcher import MODEL_REPOSITORY, Server, ServerConfig, ServerStartError
+from server.launcher import (
+    ADMIN_APIS,
+    ADMIN_KEY_ENV,
+    MODEL_REPOSITORY,
+    Server,
+    ServerConfig,
+    ServerStartError,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,9 +50,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "'' forces config.pbtxt",
     )
     p.add_argument("--log-verbose", type=int, default=0)
+    admin = p.add_mutually_exclusive_group()
+    admin.add_argument(
+        "--admin-key",
+        help=f"key for the admin endpoints (default: ${ADMIN_KEY_ENV}, else a new one; "
+        "prefer the variable: a flag shows in the process list)",
+    )
+    admin.add_argument(
+        "--open-admin-apis",
+        action="store_true",
+        help=f"no key: leave {', '.join(ADMIN_APIS)} open to every client",
+    )
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
     p.add_argument("extra", nargs="*", help="further tritonserver flags, after --")
     return p.parse_args(argv)
+
+
+def _admin_line(server: Server, shown_key: str | None) -> str:
+    if not server.config.restricted_apis:
+        return "OPEN: model control, shared memory, logging and trace need no key"
+    ((header, key),) = server.admin_headers("http").items()
+    apis = ", ".join(server.config.restricted_apis)
+    return (
+        f"{apis} need header '{header}: {shown_key or key}' (gRPC: triton-grpc-protocol-{header})"
+    )
 
 
 def _raise_interrupt(*_) -> None:
@@ -58,8 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         model_config_name=args.model_config_name or None,
         log_verbose=args.log_verbose,
         extra_args=args.extra,
+        admin_key=args.admin_key,
+        restricted_apis=() if args.open_admin_apis else ADMIN_APIS,
     )
-    server = Server(config)
+    # Printed once only when made here: a key the user chose is not echoed into logs.
+    if args.admin_key:
+        shown_key = "<--admin-key>"
+    else:
+        shown_key = f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) else None
+    try:
+        server = Server(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # While starting, SIGTERM acts like Ctrl-C: start() stops the half-started server.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -79,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  HTTP     http://{server.http_url}/v2/models/{{classify,embed}}\n"
         f"  gRPC     {server.grpc_url}\n"
         f"  metrics  {server.metrics_url}\n"
+        f"  admin    {_admin_line(server, shown_key)}\n"
         f"  log      {server.log_path}\n"
         "Ctrl-C stops it.",
         flush=True,

@@ -13,11 +13,15 @@ directories), picks free ports if asked, waits for readiness and stops the serve
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
+import re
+import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -28,13 +32,50 @@ from server import gpus as gpu_info
 from server import repository
 from server.process import ManagedProcess, ServerStartError, client_host
 
-__all__ = ["Server", "ServerConfig", "ServerStartError", "find_installation", "free_port"]
+__all__ = [
+    "ADMIN_APIS",
+    "ADMIN_KEY_ENV",
+    "Server",
+    "ServerConfig",
+    "ServerStartError",
+    "find_installation",
+    "free_port",
+]
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 NGC_ROOT = Path("/opt/tritonserver")
+
+# Endpoints that change the server or reach into the host: model load/unload and the repository
+# index, shared-memory registration (the server maps a region a client names), log and trace
+# settings. Left open: health, metadata and inference (the service itself), model-config and
+# statistics (read-only; perf_analyzer and the monitoring read them).
+ADMIN_APIS = ("model-repository", "shared-memory", "logging", "trace")
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+ADMIN_HEADER = "admin-key"
+# Triton's gRPC endpoint matches restricted-protocol keys under this metadata prefix (2.51:
+# "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'").
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+# Header-safe and free of the ':' ',' '=' that separate the parts of Triton's flag.
+_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~-]{16,}")
+_SECRETS: set[str] = set()  # admin keys in use in this process
+
+
+class _RedactKeys(logging.Filter):
+    """Masks admin keys in the command lines the launcher and the container log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SECRETS and record.args:
+            record.msg, record.args = record.getMessage(), ()
+        for key in _SECRETS:
+            record.msg = str(record.msg).replace(key, "***")
+        return True
+
+
+for _name in ("server.process", "server.container"):
+    logging.getLogger(_name).addFilter(_RedactKeys())
 
 
 @dataclass(frozen=True)
@@ -49,6 +90,17 @@ class Installation:
     def has_backend(self, name: str) -> bool:
         """True if ``backends/<name>`` exists (e.g. onnxruntime, tensorrt, python)."""
         return (self.backend_dir / name).is_dir()
+
+    def supports(self, flag: str) -> bool:
+        """True if this tritonserver's ``--help`` lists ``flag`` (``--http-max-input-size``)."""
+        return flag in _help_text(self.binary)
+
+
+@functools.cache
+def _help_text(binary: Path) -> str:
+    # tritonserver prints its usage on stderr; one call per binary and process (about 10 ms).
+    done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+    return done.stdout + done.stderr
 
 
 def _bundled_root() -> Path | None:
@@ -138,10 +190,21 @@ class ServerConfig:
     instances_per_gpu: int | None = None
     # TensorRT engines built for this machine: (model, version) → plan file.
     engines: dict[tuple[str, str], Path] = field(default_factory=dict)
+    # Admin endpoints (ADMIN_APIS) answer only requests that carry this key, over HTTP and gRPC
+    # (Triton's --http-restricted-api / --grpc-restricted-protocol). None: $TRITON_ADMIN_KEY,
+    # else a random key made when the Server is created. An empty tuple leaves them open.
+    admin_key: str | None = None
+    restricted_apis: tuple[str, ...] = ADMIN_APIS
+    # Largest HTTP request body, passed as --http-max-input-size where the server has that flag
+    # (releases after 2.51; 2.51 has no body limit, so the models bound what they parse).
+    max_input_bytes: int = 64 * 1024 * 1024
 
 
 class Server(ManagedProcess):
-    """A tritonserver process. Use as a context manager, or call start() and stop()."""
+    """A tritonserver process. Use as a context manager, or call start() and stop().
+
+    Raises ValueError at creation for an admin key that cannot travel in Triton's flag.
+    """
 
     name = "tritonserver"
 
@@ -152,6 +215,17 @@ class Server(ManagedProcess):
         self.gpus = gpu_info.discover()
         if self.config.model_config_name == "auto":
             self.config.model_config_name = detect_environment(self.installation, self.gpus)
+        if self.config.restricted_apis:
+            key = (
+                self.config.admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24)
+            )
+            if not _KEY_PATTERN.fullmatch(key):
+                raise ValueError(
+                    "admin key: at least 16 characters from A-Z a-z 0-9 . _ ~ - "
+                    f"(it travels in a header and in tritonserver's {ADMIN_HEADER}=<key> flag)"
+                )
+            self.config.admin_key = key
+            _SECRETS.add(key)
         # What tritonserver loads: the repository itself, or for GPU configs a linked copy
         # whose instance groups name this machine's GPUs (made in prepare()).
         self.repository = self.config.model_repository
@@ -177,6 +251,21 @@ class Server(ManagedProcess):
         """/v2/health/ready: 200 once the server and every model are ready."""
         return f"http://{self.http_url}/v2/health/ready"
 
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """Headers that open the restricted admin endpoints (``headers=`` of tritonclient calls).
+
+        Args:
+            protocol: ``http`` or ``grpc``; Triton expects the key under different names.
+
+        Returns:
+            One header with the key, or an empty dict when nothing is restricted.
+        """
+        c = self.config
+        if not c.restricted_apis:
+            return {}
+        name = ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER
+        return {name: c.admin_key}
+
     # Process -------------------------------------------------------------------------------
     def command(self) -> list[str]:
         """The full tritonserver command line."""
@@ -198,6 +287,11 @@ class Server(ManagedProcess):
             args.append(f"--cache-config=local,size={c.cache_bytes}")
         if c.model_config_name:
             args.append(f"--model-config-name={c.model_config_name}")
+        if c.restricted_apis:
+            rule = f"{','.join(c.restricted_apis)}:{ADMIN_HEADER}={c.admin_key}"
+            args += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
+        if c.max_input_bytes and self.installation.supports("--http-max-input-size"):
+            args.append(f"--http-max-input-size={c.max_input_bytes}")
         args += list(c.extra_args)
         if c.cpus:
             # Affinity is inherited by the Python-backend stub processes too.

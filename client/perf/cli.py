@@ -181,11 +181,12 @@ def tune_run(args: argparse.Namespace) -> int:
 
         def load(candidate: tune.Candidate) -> None:
             variant = tune.variant_for(candidate, args.model, n_cores)
-            variants.apply(client, variant, MODEL_REPOSITORY, base)
+            admin = server.admin_headers()
+            variants.apply(client, variant, MODEL_REPOSITORY, base, admin)
             if args.model in harness.EMBED_MODELS:
                 # Verify the computed path: perf_analyzer repeats its inputs, the cache would hit.
                 variants.set_response_cache(
-                    client, harness.EMBED_MODELS, False, MODEL_REPOSITORY, base
+                    client, harness.EMBED_MODELS, False, MODEL_REPOSITORY, base, admin
                 )
 
         def measure(level: int) -> perf_analyzer.Point:

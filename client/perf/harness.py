@@ -346,6 +346,7 @@ class Runner:
             http.InferenceServerClient(server.http_url) as client,
         ):
             urls = {"grpc": server.grpc_url, "http": server.http_url}
+            admin = server.admin_headers()  # model control is behind the admin key
             for r in range(1, self.plan.rounds + 1):
                 self.progress(
                     f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)"
@@ -355,10 +356,10 @@ class Runner:
                 shift = (r - 1) % len(all_variants)
                 for variant in all_variants[shift:] + all_variants[:shift]:
                     config_name = server.config.model_config_name
-                    variants.apply(client, variant, MODEL_REPOSITORY, config_name)
+                    variants.apply(client, variant, MODEL_REPOSITORY, config_name, admin)
                     if variant.name == "batching":
                         variants.set_response_cache(
-                            client, EMBED_MODELS, False, MODEL_REPOSITORY, config_name
+                            client, EMBED_MODELS, False, MODEL_REPOSITORY, config_name, admin
                         )
                     for case in self.plan.triton_cases(variant.name):
                         json_source = json_data.get(case.model)
@@ -367,7 +368,7 @@ class Runner:
                     if variant.name == "batching":
                         self._rate_sweep(r, urls, data, client)
                         variants.set_response_cache(
-                            client, EMBED_MODELS, True, MODEL_REPOSITORY, config_name
+                            client, EMBED_MODELS, True, MODEL_REPOSITORY, config_name, admin
                         )
                         for level in self.plan.cache_levels:
                             # JSON over HTTP: the payload the peer gets, for an equal-p99 row.

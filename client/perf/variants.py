@@ -39,6 +39,10 @@ class Variant:
         configs = {}
         for model in self.models:
             config = model_config.resolve(repository / model, config_name)
+            # Benchmarks measure capacity with closed-loop concurrency beyond the served queue
+            # limit (the tuner reaches 64): no shedding here; client.perf.overload measures it.
+            if config.HasField("dynamic_batching"):
+                config.dynamic_batching.ClearField("default_queue_policy")
             for change in self.changes.get(model, []):
                 change(config)
             configs[model] = config
@@ -115,23 +119,52 @@ def standard(server_cores: int, instances: int = 2) -> list[Variant]:
 
 
 def set_response_cache(
-    client, models: tuple[str, ...], enabled: bool, repository: Path, config_name: str | None
+    client,
+    models: tuple[str, ...],
+    enabled: bool,
+    repository: Path,
+    config_name: str | None,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Reload models with their response cache on or off (the rest of their config as is).
 
     Benchmarks of the computed path switch it off: perf_analyzer cycles through a few inputs,
     so with the cache on every request after the first few would be a hit.
+
+    Args:
+        client: a tritonclient HTTP or gRPC client of a server in explicit model-control mode.
+        models: the models to reload.
+        enabled: the response cache setting they get.
+        repository: the model repository the server reads.
+        config_name: the ``--model-config-name`` the server runs with.
+        headers: the server's admin key header (``Server.admin_headers()``): model control is
+            restricted by default.
     """
     for model in models:
         config = model_config.resolve(repository / model, config_name)
         config.response_cache.enable = enabled
-        client.load_model(model, config=model_config.to_json(config))
+        client.load_model(model, config=model_config.to_json(config), headers=headers)
 
 
-def apply(client, variant: Variant, repository: Path, config_name: str | None) -> None:
-    """Load every step with the variant's config, then the ensemble (explicit model control)."""
+def apply(
+    client,
+    variant: Variant,
+    repository: Path,
+    config_name: str | None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Load every step with the variant's config, then the ensemble (explicit model control).
+
+    Args:
+        client: a tritonclient HTTP or gRPC client of a server in explicit model-control mode.
+        variant: the variant to load.
+        repository: the model repository the server reads.
+        config_name: the ``--model-config-name`` the server runs with.
+        headers: the server's admin key header (``Server.admin_headers()``): model control is
+            restricted by default.
+    """
     for model, config in variant.configs(repository, config_name).items():
-        client.load_model(model, config=model_config.to_json(config))
+        client.load_model(model, config=model_config.to_json(config), headers=headers)
     for ensemble in variant.ensembles:
-        client.load_model(ensemble)
+        client.load_model(ensemble, headers=headers)
     log.info("variant %s loaded", variant.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from server import __main__ as server_cli
 from server import launcher
-from server.launcher import Server, ServerConfig, ServerStartError
+from server.launcher import ADMIN_APIS, Server, ServerConfig, ServerStartError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,6 +51,67 @@ def test_command_and_environment_are_wired():
     if server.installation.bundled:
         assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
         assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == sysconfig.get_config_var("LIBDIR")
+
+
+def test_admin_apis_are_restricted_by_default_with_a_fresh_key(monkeypatch):
+    monkeypatch.delenv(launcher.ADMIN_KEY_ENV, raising=False)
+    one, two = Server(), Server()
+    key = one.config.admin_key
+    assert len(key) >= 32 and key != two.config.admin_key
+    rule = f"model-repository,shared-memory,logging,trace:admin-key={key}"
+    cmd = one.command()
+    assert f"--http-restricted-api={rule}" in cmd and f"--grpc-restricted-protocol={rule}" in cmd
+    assert one.admin_headers() == {"admin-key": key}
+    assert one.admin_headers("grpc") == {"triton-grpc-protocol-admin-key": key}
+    assert ServerConfig().host == "127.0.0.1"
+
+
+def test_admin_key_comes_from_the_config_then_the_environment(monkeypatch):
+    monkeypatch.setenv(launcher.ADMIN_KEY_ENV, "from-the-environment-0123")
+    assert Server().config.admin_key == "from-the-environment-0123"
+    chosen = Server(ServerConfig(admin_key="chosen-key-0123456789"))
+    assert "--http-restricted-api=" + ",".join(ADMIN_APIS) + ":admin-key=chosen-key-0123456789" in (
+        chosen.command()
+    )
+
+
+@pytest.mark.parametrize("key", ["short", "has:colon-and-more-chars", "has=equals-and-more-chars"])
+def test_a_key_that_would_break_the_flag_or_header_is_rejected(key):
+    with pytest.raises(ValueError, match="admin key"):
+        Server(ServerConfig(admin_key=key))
+
+
+def test_open_admin_apis_send_no_restriction_and_need_no_header():
+    server = Server(ServerConfig(restricted_apis=()))
+    assert not any("restricted" in arg for arg in server.command())
+    assert server.admin_headers() == {} and server.admin_headers("grpc") == {}
+
+
+def test_the_key_is_masked_in_the_logged_command_line(caplog):
+    server = Server(ServerConfig(admin_key="never-in-the-log-0123456789"))
+    with caplog.at_level(logging.INFO, logger="server.process"):
+        logging.getLogger("server.process").info("starting %s", " ".join(server.command()))
+    assert "never-in-the-log" not in caplog.text
+    assert "admin-key=*** " in caplog.text
+
+
+def test_body_limit_is_passed_only_to_servers_that_know_the_flag():
+    server = Server()
+    inst = server.installation
+    assert inst.supports("--http-restricted-api") and inst.supports("--grpc-restricted-protocol")
+    flag = f"--http-max-input-size={64 * 1024 * 1024}"
+    assert (flag in server.command()) == inst.supports("--http-max-input-size")
+    if inst.bundled:
+        assert not inst.supports("--http-max-input-size")  # 2.51 has no body limit
+
+
+def test_command_line_of_python_m_server():
+    args = server_cli.parse_args([])
+    assert args.host == "127.0.0.1" and args.admin_key is None and not args.open_admin_apis
+    assert server_cli.parse_args(["--open-admin-apis"]).open_admin_apis
+    assert server_cli.parse_args(["--admin-key", "k" * 20]).admin_key == "k" * 20
+    with pytest.raises(SystemExit):
+        server_cli.parse_args(["--admin-key", "k" * 20, "--open-admin-apis"])
 
 
 def test_free_ports_are_distinct_and_bindable():
@@ -89,9 +152,11 @@ def test_a_model_that_fails_to_load_gives_a_clear_error_with_the_log(tmp_path):
 
 
 def test_foreground_server_prints_endpoints_and_stops_on_ctrl_c(classifier_onnx):
+    key = "from-the-environment-not-printed"
     proc = subprocess.Popen(
         [sys.executable, "-m", "server", "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
         cwd=REPO,
+        env={**os.environ, launcher.ADMIN_KEY_ENV: key},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -108,10 +173,20 @@ def test_foreground_server_prints_endpoints_and_stops_on_ctrl_c(classifier_onnx)
         output = "".join(lines)
         assert "HTTP     http://127.0.0.1:" in output
         assert "gRPC     127.0.0.1:" in output and "metrics  http://127.0.0.1:" in output
+        assert "admin    model-repository, shared-memory, logging, trace need header " in output
+        assert "'admin-key: $TRITON_ADMIN_KEY'" in output and key not in output
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, rest
-    assert "stopped (exit status 0)" in rest
+    assert "stopped (exit status 0)" in rest and key not in rest
+
+
+def test_foreground_server_prints_a_key_it_made_once():
+    server = Server(ServerConfig(admin_key="made-at-start-0123456789"))
+    line = server_cli._admin_line(server, None)
+    assert line.count("made-at-start-0123456789") == 1
+    assert "'admin-key: made-at-start-0123456789'" in line
+    assert "OPEN" in server_cli._admin_line(Server(ServerConfig(restricted_apis=())), None)

@@ -1,7 +1,9 @@
 """Triton adapter: encoded images → normalized pixels (pipelines.image does the work)."""
 
+import time
+
 from pipelines import classification as spec
-from pipelines import image
+from pipelines import image, metrics
 from pipelines import triton_backend as tb
 
 
@@ -13,8 +15,13 @@ class TritonPythonModel:
     """
 
     def initialize(self, args):
-        """Note this instance's device."""
+        """Note this instance's device; create its metrics."""
         self.device = tb.instance_device(args)
+        self.metrics = metrics.PreprocessMetrics(args)
+
+    def finalize(self):
+        """Release the metric series before the stub exits."""
+        self.metrics.close()
 
     def _pixels(self, images):
         if self.device == "cpu":
@@ -35,12 +42,18 @@ class TritonPythonModel:
             sizes.append(len(items) if ok else 0)
             if ok:
                 images.extend(bytes(item) for item in items)
+        # Host time on both paths (on a GPU instance the resize may still be running).
+        started = time.perf_counter()
         pixels, errors, respond = self._pixels(images)
+        self.metrics.batch(time.perf_counter() - started, errors)
         responses, offset = [], 0
         for request, ok, n in zip(requests, live, sizes, strict=True):
             if not ok:
-                empty = not request.is_cancelled()
-                responses.append(tb.error(f"{spec.IMAGE} is empty") if empty else tb.cancelled())
+                if request.is_cancelled():
+                    responses.append(tb.cancelled())
+                else:
+                    self.metrics.failed(["no images in the request"])
+                    responses.append(tb.error(f"{spec.IMAGE} is empty"))
                 continue
             bad = [(i, e) for i, e in enumerate(errors[offset : offset + n]) if e is not None]
             if bad:

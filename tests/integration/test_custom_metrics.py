@@ -1,0 +1,159 @@
+"""The Python steps' own metrics (pipelines/metrics.py) on the real server's /metrics page.
+
+Each test reads the page before and after a few sequential requests and checks the exact change,
+computing the expected token counts in-process with the same tokenizer.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from pipelines import classification as spec
+from pipelines import embedding, metrics
+
+pytestmark = pytest.mark.integration
+
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(server) -> dict[tuple[str, frozenset], float]:
+    """Every sample of the page: (name, labels) → value."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        page = response.read().decode()
+    samples = {}
+    for line in page.splitlines():
+        match = SAMPLE.match(line)
+        if match:
+            name, labels, value = match.groups()
+            samples[(name, frozenset(LABEL.findall(labels or "")))] = float(value)
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """One series' value; 0 for a series not created yet (as a counter that never moved)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def change(before: dict, after: dict, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def send(server, protocol: str, model: str, name: str, items: list[bytes]) -> str | None:
+    """One request with these BYTES items; its error message, or None on success."""
+    mod = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with mod.InferenceServerClient(url) as client:
+        tensor = mod.InferInput(name, [len(items), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array(items, dtype=np.object_).reshape(-1, 1))
+        try:
+            client.infer(model, [tensor])
+        except InferenceServerException as exc:
+            return exc.message()
+    return None
+
+
+PRE = {"model": spec.PREPROCESS, "version": "1"}
+TOK = {"model": "tokenize", "version": "1"}
+
+
+def test_failure_reasons_cover_every_message_the_steps_produce(photos):
+    from pipelines import image
+
+    cases = {
+        b"": "empty",
+        b"plain text, no image": "not_an_image",
+        photos["chelsea"][:2000]: "corrupt",
+    }
+    for data, reason in cases.items():
+        with pytest.raises(image.ImageError) as failure:
+            image.decode(data)
+        assert metrics.failure_reason(failure.value) == reason
+    for data, reason in {b"": "empty", b"caf\xe9": "not_utf8", b"  ": "blank"}.items():
+        with pytest.raises(embedding.TextError) as failure:
+            embedding.decode_text(data)
+        assert metrics.failure_reason(f"TEXT[2]: {failure.value}") == reason
+    assert metrics.failure_reason("image too large: 9000x9000 exceeds 64000000 pixels") == (
+        "too_large"
+    )
+    assert metrics.failure_reason("something new") == "other"
+
+
+def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server, photos):
+    before = scrape(server)
+    truncated = photos["coffee"][:1500]
+    # Sequential requests: one execute each. gRPC and HTTP alike feed the same series.
+    assert send(server, "http", spec.ENSEMBLE, spec.IMAGE, [photos["chelsea"]]) is None
+    assert "not an image" in send(server, "http", spec.ENSEMBLE, spec.IMAGE, [b"GIF? no"])
+    assert "not an image" in send(server, "grpc", spec.ENSEMBLE, spec.IMAGE, [b"no image"])
+    assert "truncated" in send(server, "grpc", spec.ENSEMBLE, spec.IMAGE, [truncated])
+    # One request of three images, two of them bad: both are counted, one execute.
+    error = send(server, "http", spec.ENSEMBLE, spec.IMAGE, [photos["flower"], b"", truncated])
+    assert "IMAGE[1]: empty input" in error
+    after = scrape(server)
+
+    failures = metrics.DECODE_FAILURES
+    assert change(before, after, failures, **PRE, reason="not_an_image") == 2
+    assert change(before, after, failures, **PRE, reason="corrupt") == 2
+    assert change(before, after, failures, **PRE, reason="empty") == 1
+    assert change(before, after, metrics.PREPROCESS_IMAGES, **PRE) == 7
+    seconds = metrics.PREPROCESS_SECONDS
+    assert change(before, after, seconds + "_count", **PRE) == 5
+    assert 0 < change(before, after, seconds + "_sum", **PRE) < 30
+    inf = change(before, after, seconds + "_bucket", **PRE, le="+Inf")
+    assert inf == 5 and change(before, after, seconds + "_bucket", **PRE, le="5") <= inf
+    # Triton's own per-model series are on the same page. They cannot replace the counter above:
+    # the step counts refused requests as successes, and 2.51 counts each failed ensemble request
+    # twice under reason="OTHER" (seen here); they are also recorded as requests are released,
+    # so they may trail the response: hence ">=" on the one good request sent first.
+    assert (("nv_inference_count", frozenset(PRE.items()))) in after
+    assert change(before, after, "nv_inference_count", **PRE) >= 1
+
+
+def unique(text: str) -> str:
+    # The embed ensemble has a response cache: a text seen before would not reach tokenize.
+    return f"{text} ({uuid.uuid4().hex})"
+
+
+def test_tokenize_counts_real_and_padded_tokens_per_batch(server):
+    requests = [
+        [unique("A man is eating food."), unique("A longer sentence about a man riding a horse.")],
+        [unique("word " * 400)],  # over 256 word pieces: truncated
+        [unique("Short.")],
+    ]
+    ids = [embedding.encode(texts)[0] for texts in requests]
+    expected_tokens = sum(len(t) for request in ids for t in request)
+    expected_padded = sum(
+        len(request) * embedding.bucket_length(max(map(len, request))) for request in ids
+    )
+    assert expected_tokens < expected_padded  # the check below would not see padding otherwise
+
+    before = scrape(server)
+    for i, texts in enumerate(requests):
+        protocol = "http" if i % 2 == 0 else "grpc"
+        items = [t.encode() for t in texts]
+        assert send(server, protocol, embedding.ENSEMBLE, embedding.TEXT, items) is None
+    assert "not UTF-8" in send(server, "http", embedding.ENSEMBLE, embedding.TEXT, [b"caf\xe9"])
+    assert "text too large" in send(
+        server, "grpc", embedding.ENSEMBLE, embedding.TEXT, [b"x" * (300 * 1024)]
+    )
+    after = scrape(server)
+
+    assert change(before, after, metrics.TOKENS, **TOK) == expected_tokens
+    assert change(before, after, metrics.PADDED_TOKENS, **TOK) == expected_padded
+    assert change(before, after, metrics.TRUNCATED_TEXTS, **TOK) == 1
+    per_batch = metrics.TOKENS_PER_BATCH
+    assert change(before, after, per_batch + "_count", **TOK) == len(requests)
+    assert change(before, after, per_batch + "_sum", **TOK) == expected_tokens
+    failures = metrics.DECODE_FAILURES
+    assert change(before, after, failures, **TOK, reason="not_utf8") == 1
+    assert change(before, after, failures, **TOK, reason="too_large") == 1
+    assert change(before, after, "nv_inference_count", **TOK) >= 1  # Triton's own, same page
