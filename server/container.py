@@ -12,6 +12,9 @@ Environment:
     TRITON_MODEL_CONFIG_NAME   gpu (TensorRT plans, default) or gpu-ort (onnxruntime + TensorRT)
     TRITON_INSTANCES_PER_GPU   instances of each GPU model per GPU (default: each config's count)
     TRITON_CACHE_BYTES         response cache size (default 256 MiB)
+    TRITON_ADMIN_KEY           opens the admin endpoints (model control, repository, shared
+                               memory, logging, trace) to requests carrying it; unset, they stay
+                               closed (a random key that is never shown)
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.model_config_name == ENGINE_CONFIG:
         cache = Path(os.environ.get("TRITON_ENGINE_CACHE", "/engines"))
         config.engines = ensure_engines(MODEL_REPOSITORY, cache, gpus)
+    if not os.environ.get("TRITON_ADMIN_KEY"):
+        log.info("TRITON_ADMIN_KEY unset: the admin endpoints stay closed")
     server = Server(config)
     server.prepare()
     command = server.command()

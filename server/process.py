@@ -119,13 +119,21 @@ class ManagedProcess:
         """SIGTERM (the server drains in-flight requests), SIGKILL if it does not exit in time."""
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
+        regions = shm_regions_of_group(self.process.pid)
         self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout)
+            status = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             log.warning("%s did not stop within %.0f s; killing it", self.name, timeout)
             self.kill()
             return self.process.returncode
+        if status != 0:
+            # A server that exits with an error (e.g. an instance that never unloaded after its
+            # stub died) leaves its stubs' shared memory behind: only its own is removed.
+            for region in regions:
+                with contextlib.suppress(FileNotFoundError):
+                    region.unlink()
+        return status
 
     def kill(self) -> float:
         """SIGKILL the process and everything it started (as a crash would); returns when.

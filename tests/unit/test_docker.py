@@ -88,6 +88,7 @@ NOT_IMPORTED_WHEN_SERVING = {"safetensors": "pipelines.embedding.safetensors_sta
 RESOLVED_MARKER = "# --- torch's own dependencies"
 # Environment variables the compose file interpolates: unset, so the defaults are tested.
 COMPOSE_VARIABLES = (
+    "TRITON_ADMIN_KEY",
     "TRITON_INSTANCES_PER_GPU",
     "TRITON_MODEL_CONFIG_NAME",
     "GRAFANA_ADMIN_PASSWORD",

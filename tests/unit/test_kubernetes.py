@@ -161,7 +161,7 @@ def test_one_gpu_on_gpu_nodes(pod, container):
 
 
 def test_model_config_name_exists_in_the_repository(container):
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     name = env["TRITON_MODEL_CONFIG_NAME"]
     assert list(MODEL_REPOSITORY.glob(f"*/configs/{name}.pbtxt")), name
 
@@ -181,7 +181,7 @@ def test_writable_paths_are_volumes_and_shm_is_memory(pod, container):
     assert {"/tmp", "/engines", "/dev/shm"} <= mounts.keys()
     shm = mounts["/dev/shm"]["emptyDir"]
     assert shm["medium"] == "Memory" and shm["sizeLimit"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRITON_ENGINE_CACHE"] in mounts
 
 
@@ -278,3 +278,10 @@ def test_adapter_rule_leaves_out_exactly_the_ensembles(adapter_rule):
     assert len(excluded) == 2
     for pattern in excluded:
         assert set(pattern.split("|")) == ensembles
+
+
+def test_admin_key_comes_from_an_optional_secret(container):
+    (key,) = [e for e in container["env"] if e["name"] == "TRITON_ADMIN_KEY"]
+    ref = key["valueFrom"]["secretKeyRef"]
+    # Optional: without the Secret the pod starts and the admin endpoints stay closed.
+    assert ref["optional"] is True and ref["name"] and ref["key"]

@@ -1,0 +1,278 @@
+"""Contention: interactive embedding queries on a server saturated by images and bulk embeddings.
+
+``python -m client.perf.contention`` starts one tritonserver (explicit model control,
+``--rate-limit=execution_count``) and measures, in one run, each serving setup below while three
+streams share the server's 2 cores:
+
+* **images**: the classifier saturated by a closed loop of single images (its own process);
+* **bulk**: embeddings of unique documents, a deep closed loop on the encoder (its own process);
+* **queries**: interactive embeddings, one at a time, paced, whose latency is what we protect.
+
+Setups (config overrides loaded through the model-control API, nothing else changes):
+
+* ``none``: the repository's configs, no priority on requests;
+* ``priority``: the encoder's batcher with 2 priority levels (default 2), queries sent with
+  priority 1: a query goes to the head of the encoder's queue instead of behind the bulk backlog;
+* ``limiter``: classifier and encoder instances each need the one global ``cpu_slot``, the
+  encoder with rate-limiter priority 1 (twice the classifier's chances): their executions no
+  longer overlap on the cores;
+* ``both``: limiter and priorities.
+
+Why ``priority`` wins: with ``BULK_CONCURRENCY`` documents in flight the encoder's queue holds
+several batches; a priority-1 query skips them and waits only for the execution in progress.
+The limiter cannot pre-empt an execution either, so what it adds is measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from client.perf import load
+from pipelines import classification as cspec
+from pipelines import embedding as espec
+from server import Server, ServerConfig, model_config
+from server.launcher import MODEL_REPOSITORY
+
+log = logging.getLogger(__name__)
+
+RESOURCE = "cpu_slot"
+SETUPS = ("none", "priority", "limiter", "both")
+IMAGE_CONCURRENCY = 4
+BULK_CONCURRENCY = 32
+QUERY_INTERVAL_S = 0.02
+QUERY_PRIORITY = 1  # the higher of the encoder's two levels (1 is served first)
+BULK_PRIORITY = 2  # = default_priority_level: what requests without a priority get
+
+
+def server_config(cpus: list[int] | None = None) -> ServerConfig:
+    """A server whose models can be reloaded with overrides, with the rate limiter on.
+
+    With ``execution_count`` on, instances that declare no resources run as soon as they are
+    free, as with the limiter off: the ``none`` and ``priority`` setups are unaffected by it.
+    """
+    return ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        cpus=cpus,
+        extra_args=[
+            "--model-control-mode=explicit",
+            "--load-model=*",
+            "--rate-limit=execution_count",
+            f"--rate-limit-resource={RESOURCE}:1",
+        ],
+    )
+
+
+def configs(setup: str, config_name: str | None) -> dict:
+    """The classifier and encoder configs of one setup (the repository's, changed)."""
+    out = {}
+    for model, slot_priority in ((cspec.CLASSIFIER, 2), (espec.ENCODER, 1)):
+        config = model_config.resolve(MODEL_REPOSITORY / model, config_name)
+        for group in config.instance_group:
+            group.ClearField("rate_limiter")
+            if setup in ("limiter", "both"):
+                resource = group.rate_limiter.resources.add()
+                resource.name, resource.count = RESOURCE, 1
+                group.rate_limiter.priority = slot_priority
+        batching = config.dynamic_batching
+        batching.ClearField("priority_levels")
+        batching.ClearField("default_priority_level")
+        if setup in ("priority", "both") and model == espec.ENCODER:
+            batching.priority_levels = 2
+            batching.default_priority_level = BULK_PRIORITY
+        out[model] = config
+    return out
+
+
+def apply(server: Server, client, setup: str) -> None:
+    """Load one setup's configs (and reload ``embed``, which pins the encoder)."""
+    headers = server.admin_headers("grpc")
+    for model, config in configs(setup, server.config.model_config_name).items():
+        client.load_model(model, config=model_config.to_json(config), headers=headers)
+    client.load_model(espec.ENSEMBLE, headers=headers)
+
+
+def _encoder_inputs(grpc, text: str) -> list:
+    ids, mask = espec.tokenize([text])
+    inputs = []
+    for name, array in ((espec.INPUT_IDS, ids), (espec.ATTENTION_MASK, mask)):
+        tensor = grpc.InferInput(name, list(array.shape), "INT64")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _background(url: str, kind: str, concurrency: int, seconds: float, results) -> None:
+    """One background stream in its own process (so its client threads share no GIL with ours).
+
+    Inputs are built once: the load generator must spend its core on sending, not on
+    tokenizing or preprocessing (the encoder has no response cache, so repeating a few
+    documents is the same work as new ones).
+    """
+    import tritonclient.grpc as grpc
+
+    from pipelines import image, samples, text_samples
+
+    pixels = image.preprocess(samples.photo_bytes("chelsea"))[None].astype(np.float32)
+    documents = [f"{s} (document {i})" for i, s in enumerate(text_samples.SENTENCES * 4)]
+    clients: dict = {}
+
+    def call(worker: int) -> None:
+        client = clients.get(worker) or clients.setdefault(worker, grpc.InferenceServerClient(url))
+        if kind == "images":
+            tensor = grpc.InferInput(cspec.PIXELS, list(pixels.shape), "FP32")
+            tensor.set_data_from_numpy(pixels)
+            client.infer(cspec.CLASSIFIER, [tensor])
+        else:
+            inputs = prepared[worker % len(prepared)]
+            client.infer(espec.ENCODER, inputs, model_version="1")
+
+    prepared = [_encoder_inputs(grpc, d) for d in documents]
+    try:
+        results.put((kind, load.ClosedLoop(call, concurrency, kind).run(seconds)))
+    except Exception as exc:  # noqa: BLE001 - the parent reports it instead of waiting forever
+        results.put((kind, exc))
+
+
+@dataclass(frozen=True)
+class Result:
+    """One setup: the queries' latency and what the background streams got done."""
+
+    setup: str
+    queries: load.Tally
+    images: load.Tally
+    bulk: load.Tally
+
+
+def measure(server: Server, setup: str, seconds: float) -> Result:
+    """Apply ``setup``, run the three streams together for ``seconds``, and tally them."""
+    import tritonclient.grpc as grpc
+
+    with grpc.InferenceServerClient(server.grpc_url) as client:
+        apply(server, client, setup)
+        priority = QUERY_PRIORITY if setup in ("priority", "both") else 0
+        inputs = _encoder_inputs(grpc, "a cat sleeping on a sofa")
+
+        def query(_worker: int) -> None:
+            client.infer(espec.ENCODER, inputs, model_version="1", priority=priority)
+            time.sleep(QUERY_INTERVAL_S)
+
+        for _ in range(10):
+            query(0)  # warm the reloaded instances
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        warmup = 1.5
+        workers = [
+            ctx.Process(
+                target=_background, args=(server.grpc_url, kind, n, seconds + warmup, results)
+            )
+            for kind, n in (("images", IMAGE_CONCURRENCY), ("bulk", BULK_CONCURRENCY))
+        ]
+        for w in workers:
+            w.start()
+        try:
+            time.sleep(warmup + 1.0)  # process start + the backlog building up
+            queries = load.ClosedLoop(query, 1, "queries").run(seconds - 1.0)
+            background = dict(results.get(timeout=seconds + 120) for _ in workers)
+        finally:
+            for w in workers:
+                w.join(30)
+                if w.is_alive():
+                    w.kill()
+    for kind, value in background.items():
+        if isinstance(value, Exception):
+            raise RuntimeError(f"{kind} stream failed: {value}")
+    # The query clock includes the pause between queries; latency is per request only.
+    return Result(setup, queries, background["images"], background["bulk"])
+
+
+def run(setups=SETUPS, seconds: float = 8.0, rounds: int = 1) -> list[Result]:
+    """Start a server and measure every setup, ``rounds`` times, interleaved."""
+    results = []
+    # The server on one core, every load generator on the other: the contention measured is
+    # the models' own, not the clients' (spawned workers inherit this process's affinity).
+    cores = sorted(os.sched_getaffinity(0))
+    server_cpus = cores[-1:] if len(cores) > 1 else None
+    if server_cpus:
+        os.sched_setaffinity(0, cores[:-1])
+    with Server(server_config(server_cpus)) as server:
+        for r in range(rounds):
+            order = list(setups)[r % len(setups) :] + list(setups)[: r % len(setups)]
+            for setup in order:
+                result = measure(server, setup, seconds)
+                log.info("round %d %s: %s", r + 1, setup, row(result))
+                results.append(result)
+    return results
+
+
+def row(result: Result) -> str:
+    """One line of the table."""
+    q = result.queries
+    return (
+        f"{result.setup:9s} queries p50 {q.ok_ms.get('p50', 0):7.1f} ms  "
+        f"p99 {q.ok_ms.get('p99', 0):7.1f} ms  (n={q.ok}, errors {sum(q.errors.values())})  "
+        f"images {result.images.throughput:6.1f}/s  bulk {result.bulk.throughput:6.1f} texts/s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table: query p50/p99 and background throughput per setup, and the p99 ratio."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m client.perf.contention --seconds 8 --rounds 2",
+    )
+    parser.add_argument("--seconds", type=float, default=8.0, help="load per setup and round")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--setups", default=",".join(SETUPS), help=f"subset of {SETUPS}")
+    parser.add_argument("--json", type=Path, help="also write every measurement here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    results = run(args.setups.split(","), args.seconds, args.rounds)
+    print("\nsetup     interactive queries (encoder)                     background")
+    for result in results:
+        print(row(result))
+    by_setup: dict[str, list[float]] = {}
+    for result in results:
+        by_setup.setdefault(result.setup, []).append(result.queries.ok_ms.get("p99", 0.0))
+    if "none" in by_setup:
+        base = float(np.median(by_setup["none"]))
+        for setup, p99s in by_setup.items():
+            print(f"query p99, {setup} ÷ none: {float(np.median(p99s)) / base:.2f}x")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "setup": r.setup,
+                        "queries_ms": r.queries.ok_ms,
+                        "queries": r.queries.ok,
+                        "images_per_s": r.images.throughput,
+                        "bulk_per_s": r.bulk.throughput,
+                        "errors": sum(
+                            sum(t.errors.values()) + t.hung for t in (r.queries, r.images, r.bulk)
+                        ),
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+    failed = any(
+        sum(t.errors.values()) or t.hung for r in results for t in (r.queries, r.images, r.bulk)
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Load shedding: the ``classify`` ensemble at a multiple of its capacity, every request counted.
+
+``python -m client.perf.overload`` starts a tritonserver with the repository's own configs (the
+ensemble's batched steps have a queue policy: at most ``max_queue_size`` waiting, none longer
+than the queue timeout, the rest answered with REJECT), pinned to one core with the load
+generator on the other, measures capacity with a short closed loop, then sends ``--factor``
+times that rate open-loop (fixed intervals, whatever the server answers) and reports: sent,
+answered (successes and rejections by kind), hung, rejection latency and admitted latency
+against the SLO.
+
+The SLO follows from the configs: an admitted request waits at most one queue timeout at each
+step with a queue policy (preprocess, classifier), plus the executions (an allowance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from client.perf import load
+from pipelines import classification as spec
+from pipelines import samples
+from server import Server, ServerConfig, model_config
+from server.launcher import MODEL_REPOSITORY
+
+log = logging.getLogger(__name__)
+
+# Time for the steps around the classifier's queue (preprocess, one batch, postprocess) on a
+# loaded 2-core machine, added to the queue timeout to make the SLO of an admitted request.
+STEPS_ALLOWANCE_S = 0.5
+# The configs with queue policies (configs/local-shed.pbtxt; not the default, see there).
+SHED_CONFIG = "local-shed"
+
+
+def server_config(cpus: list[int] | None = None) -> ServerConfig:
+    """Free ports, the classify service only."""
+    return ServerConfig(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        cpus=cpus,
+        model_config_name=SHED_CONFIG,
+        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
+    )
+
+
+def queue_policies(config_name: str | None = "local") -> dict:
+    """The queue policy of each step of ``classify`` that has one, as the server resolves it."""
+    policies = {}
+    for model in (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS):
+        config = model_config.resolve(MODEL_REPOSITORY / model, config_name)
+        if config.dynamic_batching.HasField("default_queue_policy"):
+            policies[model] = config.dynamic_batching.default_queue_policy
+    return policies
+
+
+def slo_s(config_name: str | None = "local") -> float:
+    """Latency bound for an admitted request: every queue timeout on its path + the steps."""
+    timeouts = [p.default_timeout_microseconds for p in queue_policies(config_name).values()]
+    return sum(timeouts) / 1e6 + STEPS_ALLOWANCE_S
+
+
+def image_inputs(grpc, photos: list[bytes]):
+    """``make_inputs(i)`` cycling through encoded photos (one image per request)."""
+    tensors = []
+    for data in photos:
+        tensor = grpc.InferInput(spec.IMAGE, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([data], dtype=np.object_).reshape(1, 1))
+        tensors.append(tensor)
+    return lambda i: [tensors[i % len(tensors)]]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one overload run saw."""
+
+    capacity: float  # requests/s, closed loop at the capacity concurrency
+    offered: float  # requests/s actually sent
+    result: load.Tally
+    slo_ms: float
+    policies: dict[str, str]  # step -> "max_queue_size N, timeout T ms"
+    rejection_ms: dict[str, dict[str, float]]  # rejection kind -> p50/p99/max latency
+
+    def lines(self) -> list[str]:
+        """Human-readable summary."""
+        r = self.result
+        return [
+            "queue policies (REJECT): "
+            + "; ".join(f"{m}: {p}" for m, p in sorted(self.policies.items())),
+            f"capacity {self.capacity:.1f} req/s; offered {self.offered:.1f} req/s "
+            f"({self.offered / self.capacity:.1f}x) for {r.seconds:.1f} s",
+            f"sent {r.sent}  answered {r.answered}  hung {r.hung}  ok {r.ok}  "
+            f"rejected {dict(sorted(r.errors.items()))}",
+            f"admitted latency p50 {r.ok_ms.get('p50', 0):.0f} ms, p99 {r.ok_ms.get('p99', 0):.0f}"
+            f" ms, max {r.ok_ms.get('max', 0):.0f} ms (SLO {self.slo_ms:.0f} ms)",
+            *(
+                f"{kind} latency p50 {ms['p50']:.1f} ms, p99 {ms['p99']:.1f} ms, "
+                f"max {ms['max']:.1f} ms"
+                for kind, ms in sorted(self.rejection_ms.items())
+            ),
+            f"admitted throughput under overload {r.throughput:.1f} req/s",
+        ]
+
+
+def measure_capacity(url: str, photos: list[bytes], concurrency: int, seconds: float) -> float:
+    """Successful requests/s of ``classify`` in a closed loop (no rejections expected)."""
+    import tritonclient.grpc as grpc
+
+    clients = [grpc.InferenceServerClient(url) for _ in range(concurrency)]
+    make = image_inputs(grpc, photos)
+    for i in range(2 * len(photos)):  # first executions initialize lazily: not capacity
+        clients[0].infer(spec.ENSEMBLE, make(i))
+    try:
+        tally = load.ClosedLoop(
+            lambda w: clients[w].infer(spec.ENSEMBLE, make(w)), concurrency, "capacity"
+        ).run(seconds)
+    finally:
+        for c in clients:
+            c.close()
+    if tally.errors:
+        raise RuntimeError(f"errors while measuring capacity: {tally.errors}")
+    return tally.throughput
+
+
+def overload(
+    url: str,
+    photos: list[bytes],
+    rate: float,
+    seconds: float,
+    client_timeout_s: float,
+) -> tuple[list[load.Outcome], float]:
+    """Open-loop ``classify`` at ``rate`` for ``seconds``; every request ends as an outcome."""
+    import tritonclient.grpc as grpc
+
+    with grpc.InferenceServerClient(url) as client:
+        submit = load.grpc_submitter(
+            client,
+            spec.ENSEMBLE,
+            image_inputs(grpc, photos),
+            client_timeout=client_timeout_s,
+        )
+        # Drain: long enough for the queue to empty, short of "forever".
+        return load.open_loop(submit, rate, seconds, drain_s=client_timeout_s + 5, kind="images")
+
+
+def run(
+    server: Server,
+    factor: float = 4.0,
+    seconds: float = 6.0,
+    capacity_concurrency: int = 4,
+    capacity_seconds: float = 4.0,
+) -> Report:
+    """Measure capacity, then overload at ``factor`` x capacity on a running server."""
+    photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
+    name = server.config.model_config_name
+    slo = slo_s(name)
+    capacity = measure_capacity(server.grpc_url, photos, capacity_concurrency, capacity_seconds)
+    outcomes, offered = overload(
+        server.grpc_url, photos, factor * capacity, seconds, client_timeout_s=4 * slo
+    )
+    rejected: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.error is not None and o.latency_s is not None:
+            rejected.setdefault(load.classify_error(o.error), []).append(o.latency_s)
+    return Report(
+        capacity=capacity,
+        offered=offered,
+        result=load.tally(outcomes, seconds),
+        rejection_ms={kind: load.percentiles(v) for kind, v in rejected.items()},
+        slo_ms=slo * 1000,
+        policies={
+            m: f"max_queue_size {p.max_queue_size}, timeout "
+            f"{p.default_timeout_microseconds / 1000:.0f} ms"
+            for m, p in queue_policies(name).items()
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the overload benchmark on its own server and print the report.
+
+    Exit status 1 unless every request was answered, every error was a queue rejection and the
+    admitted p99 was within the SLO.
+    """
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m client.perf.overload --factor 4 --seconds 6",
+    )
+    parser.add_argument("--factor", type=float, default=4.0, help="offered rate ÷ capacity")
+    parser.add_argument("--seconds", type=float, default=6.0, help="how long to overload")
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--log", type=Path, help="keep the tritonserver log here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Server on core 1, this load generator on core 0: open-loop sending at 4x capacity costs
+    # a core of its own, which must not come out of the server's.
+    cores = sorted(os.sched_getaffinity(0))
+    server_cpus = cores[1:2] or None
+    if server_cpus:
+        os.sched_setaffinity(0, cores[:1])
+    with Server(server_config(server_cpus), log_path=args.log) as server:
+        report = run(server, args.factor, args.seconds)
+    for line in report.lines():
+        print(line)
+    r = report.result
+    unexpected = {k: v for k, v in r.errors.items() if k.startswith("other")}
+    within = r.ok_ms.get("p99", 0) <= report.slo_ms
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "capacity": report.capacity,
+                    "offered": report.offered,
+                    "slo_ms": report.slo_ms,
+                    "policies": report.policies,
+                    "sent": r.sent,
+                    "answered": r.answered,
+                    "ok": r.ok,
+                    "hung": r.hung,
+                    "errors": r.errors,
+                    "ok_ms": r.ok_ms,
+                    "error_ms": r.error_ms,
+                    "rejection_ms": report.rejection_ms,
+                },
+                indent=2,
+            )
+        )
+    return 0 if r.answered == r.sent and not r.hung and not unexpected and within else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,490 @@
+"""Faults on real tritonservers under load: a killed Python stub, a version swap, a soak run.
+
+Each test starts its own server on free loopback ports (explicit model control, only the models
+it needs), drives it with bounded closed loops (``client.perf.load``: every request ends as one
+outcome, a request with no answer within the client timeout fails the test as hung) and asserts
+what Triton 2.51 was measured to do here:
+
+* a SIGKILLed stub is **not** restarted: its instance fails every request with "Stub process
+  '<instance>' is not healthy." (about 1-2 s each, never hung) while the server and the model
+  still report ready; ``load_model`` with an unchanged config is a no-op; ``load_model`` with a
+  changed config starts a new stub and requests succeed again;
+* a new version of ``pool`` loaded under load (explicit model control) replaces the old one
+  without a failed request;
+* a mixed soak (classify + embed, 5% bad inputs) answers every request and keeps the server's
+  memory and file descriptors flat.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpc
+from tritonclient.utils import InferenceServerException
+
+from client import classify, connection, embed
+from client.perf import load
+from pipelines import classification as cspec
+from pipelines import embedding as espec
+from pipelines import samples
+from server import Server, ServerConfig, repository
+from server.launcher import MODEL_REPOSITORY
+from server.process import shm_regions_of_group
+
+pytestmark = pytest.mark.integration
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 3  # closed-loop threads, one gRPC client each
+CLIENT_TIMEOUT_S = 30  # a request not answered by then is hung (the load fails the test)
+# After a stub kill the dead instance never finishes unloading (2.51), so a SIGTERM'd server
+# waits its whole exit timeout (30 s by default) before exiting with status 1: keep it short.
+EXIT_TIMEOUT_S = 5
+INVALID_ARGUMENT = "StatusCode.INVALID_ARGUMENT"
+
+
+def start_server(log_path: Path, models: list[str], **config) -> Server:
+    """A tritonserver with explicit model control, ``models`` loaded at start, free ports."""
+    extra = ["--model-control-mode=explicit", f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
+    extra += [f"--load-model={m}" for m in models]
+    settings = ServerConfig(http_port=0, grpc_port=0, metrics_port=0, extra_args=extra, **config)
+    return Server(settings, log_path=log_path).start(timeout=120)
+
+
+def embed_sender(server: Server, clients: int) -> Callable[[int], None]:
+    """``call(worker)`` for a ClosedLoop: one ``embed`` request with a text never sent before.
+
+    Unique texts: a repeated one would be answered from the response cache without reaching
+    the Python models this file is about.
+    """
+    made = [grpc.InferenceServerClient(server.grpc_url) for _ in range(clients)]
+    numbers = itertools.count()
+    outputs = connection.make_outputs(grpc, [espec.EMBEDDING])
+
+    def call(worker: int) -> None:
+        text = f"fault test sentence number {next(numbers)}"
+        result = made[worker].infer(
+            espec.ENSEMBLE,
+            embed.build_inputs(grpc, [text]),
+            outputs=outputs,
+            client_timeout=CLIENT_TIMEOUT_S,
+        )
+        assert result.as_numpy(espec.EMBEDDING).shape == (1, espec.HIDDEN_SIZE)
+
+    return call
+
+
+def warm_up(call: Callable[[int], None], clients: int, requests: int = 3) -> None:
+    """A few sequential requests per client: first calls load lazily and would skew timings."""
+    for worker in range(clients):
+        for _ in range(requests):
+            call(worker)
+
+
+def answered_at(outcome: load.Outcome) -> float:
+    """When the answer came (monotonic s)."""
+    return outcome.sent_at + outcome.latency_s
+
+
+# 1. A Python-backend stub killed under load ----------------------------------------------------
+def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
+    server = start_server(tmp_path / "tritonserver.log", [espec.ENSEMBLE])
+    stopped = False
+    try:
+        call = embed_sender(server, CONCURRENCY)
+        warm_up(call, CONCURRENCY)
+        admin = grpc.InferenceServerClient(server.grpc_url)
+        headers = server.admin_headers("grpc")
+        (victim,) = load.stub_pids(server.process.pid, espec.TOKENIZE)
+        marks: dict[str, float] = {}
+        loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
+        try:
+            time.sleep(2.0)  # baseline: everything succeeds
+            marks["kill"] = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            time.sleep(4.0)  # time for Triton to notice and restart the stub, if it did
+            stubs_after_wait = load.stub_pids(server.process.pid, espec.TOKENIZE)
+            ready_while_dead = {
+                "server live": admin.is_server_live(),
+                "server ready": admin.is_server_ready(),
+                "tokenize ready": admin.is_model_ready(espec.TOKENIZE),
+                "embed ready": admin.is_model_ready(espec.ENSEMBLE),
+            }
+            # The obvious operator fix: load the model again. With an unchanged config 2.51
+            # treats it as already loaded.
+            marks["plain load"] = time.monotonic()
+            admin.load_model(espec.TOKENIZE, headers=headers)
+            plain_load_s = time.monotonic() - marks["plain load"]
+            time.sleep(2.0)
+            stubs_after_plain_load = load.stub_pids(server.process.pid, espec.TOKENIZE)
+            # What does reload it: a config that differs (a parameter the model ignores).
+            config = admin.get_model_config(espec.TOKENIZE, as_json=True)["config"]
+            config.setdefault("parameters", {})["reload_token"] = {"string_value": str(victim)}
+            marks["reload"] = time.monotonic()
+            admin.load_model(espec.TOKENIZE, config=json.dumps(config), headers=headers)
+            marks["reloaded"] = time.monotonic()
+            new_stubs = load.stub_pids(server.process.pid, espec.TOKENIZE)
+            time.sleep(6.0)  # recovered: the last 3 s of this must be failure-free
+        finally:
+            tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
+        live_after = admin.is_server_live()
+        admin.close()
+        regions = shm_regions_of_group(server.process.pid)
+        stop_started = time.monotonic()
+        exit_status = server.stop(timeout=EXIT_TIMEOUT_S + 25)
+        stop_s = time.monotonic() - stop_started
+        stopped = True
+    finally:
+        if not stopped:
+            regions = shm_regions_of_group(server.process.pid)
+            server.stop(timeout=EXIT_TIMEOUT_S + 25)
+        # The killed stub's shared-memory region outlives the server (nobody unlinks it):
+        # remove what this server had mapped and left behind, nothing else.
+        leftover = sorted(r for r in regions if r.exists())
+        for region in leftover:
+            region.unlink(missing_ok=True)
+
+    outcomes = loop.outcomes
+    failures = [o for o in outcomes if o.error is not None]
+    kill, reload, reloaded = marks["kill"], marks["reload"], marks["reloaded"]
+    not_healthy = (
+        f"in ensemble '{espec.ENSEMBLE}', Stub process '{espec.TOKENIZE}_0_0' is not healthy."
+    )
+    queue_timeout = f"in ensemble '{espec.ENSEMBLE}', {load.QUEUE_TIMEOUT}"
+    # Requests sent after the kill and answered before the forced reload began: the dead window.
+    dead = [o for o in outcomes if o.sent_at > kill and answered_at(o) < reload]
+    after_reload = [o for o in outcomes if o.sent_at > reloaded]
+    # The first success after the kill (a request may have been sent before the reload).
+    first_ok = min((answered_at(o) for o in outcomes if o.ok and o.sent_at > kill), default=None)
+    settled = [o for o in outcomes if o.sent_at > reloaded + 3.0]
+
+    log.warning(
+        "stub kill: %d requests sent, %d answered, %d ok, %d failed %s; failure latency %s ms; "
+        "dead window %.1f s: %d requests, %d ok; no restart by Triton (tokenize stubs 4 s after "
+        "the kill: %s); readiness while dead %s; plain load_model %.3f s, stubs after it %s; "
+        "forced reload %.2f s (new stub %s); reload start to first success %.2f s; failures "
+        "sent after the reload %d (%s); kill to first success %.2f s; stop %.1f s, status %s; "
+        "%d of %d /dev/shm regions left behind",
+        tally.sent,
+        tally.answered,
+        tally.ok,
+        len(failures),
+        tally.errors,
+        {k: round(v) for k, v in tally.error_ms.items()},
+        reload - kill,
+        len(dead),
+        sum(o.ok for o in dead),
+        stubs_after_wait,
+        ready_while_dead,
+        plain_load_s,
+        stubs_after_plain_load,
+        reloaded - reload,
+        new_stubs,
+        (first_ok - reload) if first_ok else float("nan"),
+        sum(o.error is not None for o in after_reload),
+        sorted({o.error for o in after_reload if o.error}),
+        (first_ok - kill) if first_ok else float("nan"),
+        stop_s,
+        exit_status,
+        len(leftover),
+        len(regions),
+    )
+
+    # Every request counted: each one answered (ClosedLoop.stop raised if any hung).
+    assert tally.hung == 0 and tally.sent == tally.answered == len(outcomes) > 0
+    # Nothing failed before the kill; the failures are the two clear messages, never a hang.
+    assert all(answered_at(o) > kill for o in failures)
+    assert failures and {o.error for o in failures} <= {not_healthy, queue_timeout}, tally.errors
+    assert any(o.error == not_healthy for o in failures)
+    assert max(o.latency_s for o in failures) < 5.0, tally.error_ms
+    # Triton 2.51 does not restart a dead stub, and its health endpoints do not see it.
+    assert stubs_after_wait == [] and stubs_after_plain_load == []
+    assert all(ready_while_dead.values()), ready_while_dead
+    assert plain_load_s < 1.0  # a no-op, not a reload
+    assert len(dead) >= CONCURRENCY and not any(o.ok for o in dead)
+    # Each failure took at least the 0.5 s queue timeout or the ~1 s health wait, so the
+    # failures are bounded by the threads' pace over the dead window (not a fast error storm).
+    assert len(failures) <= 2 * CONCURRENCY * (reloaded - kill + 3.0)
+    # A changed config brings a fresh stub and the service back.
+    assert len(new_stubs) == 1 and new_stubs[0] != victim
+    assert reloaded - reload < 30.0
+    assert first_ok is not None and first_ok - reload < 10.0
+    assert not any(o.error == not_healthy for o in after_reload)
+    assert settled and all(o.ok for o in settled), sorted({o.error for o in settled if o.error})
+    assert live_after
+    # The dead instance never finishes unloading: the server exits only at its exit timeout,
+    # with status 1 (log: "Found 1 live models" each second, then "Exit timeout expired").
+    assert exit_status == 1 and stop_s < EXIT_TIMEOUT_S + 20
+    assert "Exit timeout expired" in server.log_path.read_text(errors="replace")
+
+
+# 2. A new model version loaded under load --------------------------------------------------
+def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
+    # A linked copy of the repository, so that a version can be added without touching ours.
+    repo = repository.materialize(MODEL_REPOSITORY, tmp_path / "repository", "local", [])
+    server = start_server(tmp_path / "tritonserver.log", [espec.ENSEMBLE], model_repository=repo)
+    try:
+        call = embed_sender(server, CONCURRENCY)
+        warm_up(call, CONCURRENCY)
+        admin = grpc.InferenceServerClient(server.grpc_url)
+        versions_before = admin.get_model_metadata(espec.POOL, as_json=True)["versions"]
+        old_stubs = load.stub_pids(server.process.pid, espec.POOL)
+        loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
+        try:
+            time.sleep(2.0)
+            # Deploy version 2 of pool (the ensemble asks for the latest: model_version -1).
+            (repo / espec.POOL / "2").mkdir()
+            source = (MODEL_REPOSITORY / espec.POOL / "1" / "model.py").resolve()
+            (repo / espec.POOL / "2" / "model.py").symlink_to(source)
+            load_started = time.monotonic()
+            admin.load_model(espec.POOL, headers=server.admin_headers("grpc"))
+            loaded = time.monotonic()
+            time.sleep(3.0)
+        finally:
+            tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
+        versions_after = admin.get_model_metadata(espec.POOL, as_json=True)["versions"]
+        index = admin.get_model_repository_index(
+            headers=server.admin_headers("grpc"), as_json=True
+        )["models"]
+        stats = admin.get_inference_statistics(espec.POOL, as_json=True)["model_stats"]
+        new_stubs = load.stub_pids(server.process.pid, espec.POOL)
+        served_by = [load.stub_model(pid) for pid in new_stubs]
+        admin.close()
+    finally:
+        server.stop()
+
+    outcomes = loop.outcomes
+    during = [o for o in outcomes if o.sent_at < loaded and answered_at(o) > load_started]
+    after = [o for o in outcomes if o.sent_at > loaded]
+    pool_index = {m["version"]: m for m in index if m["name"] == espec.POOL}
+    v2_success = {s["version"]: int(s["inference_stats"]["success"]["count"]) for s in stats}.get(
+        "2", 0
+    )
+    log.warning(
+        "version swap: %d sent, %d ok, errors %s; load_model %.2f s with %d requests in flight "
+        "or sent meanwhile; pool versions %s -> %s; v2 served %d (%d requests sent after the "
+        "load); stubs %s -> %s %s",
+        tally.sent,
+        tally.ok,
+        tally.errors,
+        loaded - load_started,
+        len(during),
+        versions_before,
+        versions_after,
+        v2_success,
+        len(after),
+        old_stubs,
+        new_stubs,
+        served_by,
+    )
+    assert tally.errors == {} and tally.hung == 0
+    assert tally.sent == tally.ok == len(outcomes) > 0
+    assert len(during) >= CONCURRENCY  # the swap happened under load
+    assert versions_before == ["1"] and versions_after == ["2"]
+    assert pool_index["1"]["state"] == "UNAVAILABLE" and pool_index["2"]["state"] == "READY"
+    assert served_by == [(espec.POOL, "2")] and not set(new_stubs) & set(old_stubs)
+    # Every request sent after load_model returned went through version 2.
+    assert len(after) <= v2_success <= tally.ok
+
+
+# 3. Soak ---------------------------------------------------------------------------------------
+WARMUP_S = 10.0
+SOAK_S = 60.0
+SAMPLE_EVERY_S = 5.0
+BAD_EVERY = 20  # 5% of requests carry bad input
+RSS_GROWTH_MB = 50.0  # whole soak, idle to idle
+RSS_SECOND_HALF_MB = 15.0  # under load, middle sample to last: what a leak would keep adding
+FD_GROWTH = 10
+
+
+class MixedSender:
+    """Closed-loop calls for ``embed`` and ``classify``; every BAD_EVERY-th request is bad.
+
+    A bad request must be refused with INVALID_ARGUMENT and its own message; it is then a
+    correct answer and counted in ``refused``. A bad request that succeeds, or a good one that
+    fails, raises, so the loop records it as an error.
+    """
+
+    def __init__(self, server: Server, clients: int, photos: list[bytes]):
+        self.photos = photos
+        self.clients = {
+            kind: [grpc.InferenceServerClient(server.grpc_url) for _ in range(clients)]
+            for kind in ("embed", "classify")
+        }
+        self.numbers = {"embed": itertools.count(), "classify": itertools.count()}
+        self.bad_sent = {"embed": 0, "classify": 0}
+        self.refused = {"embed": 0, "classify": 0}
+        self._lock = threading.Lock()
+
+    def _count(self, counter: dict[str, int], kind: str) -> None:
+        with self._lock:
+            counter[kind] += 1
+
+    def _run(self, kind: str, bad: bool, request: Callable[[], object], expected: str) -> None:
+        if bad:
+            self._count(self.bad_sent, kind)
+        try:
+            request()
+        except InferenceServerException as exc:
+            if bad and exc.status() == INVALID_ARGUMENT and expected in exc.message():
+                self._count(self.refused, kind)
+                return
+            raise
+        if bad:
+            raise AssertionError(f"{kind}: bad input accepted")
+
+    def embed(self, worker: int) -> None:
+        """One text; a bad one is Latin-1 bytes, not UTF-8."""
+        n = next(self.numbers["embed"])
+        bad = n % BAD_EVERY == BAD_EVERY - 1
+        text = "café".encode("latin-1") if bad else f"soak sentence {n}".encode()
+        client = self.clients["embed"][worker]
+
+        def request():
+            result = client.infer(
+                espec.ENSEMBLE,
+                embed.build_inputs(grpc, [text]),
+                outputs=connection.make_outputs(grpc, [espec.EMBEDDING]),
+                client_timeout=CLIENT_TIMEOUT_S,
+            )
+            assert result.as_numpy(espec.EMBEDDING).shape == (1, espec.HIDDEN_SIZE)
+
+        self._run("embed", bad, request, "not UTF-8")
+
+    def classify(self, worker: int) -> None:
+        """One photo, top 3; a bad one is bytes that are not an image."""
+        n = next(self.numbers["classify"])
+        bad = n % BAD_EVERY == BAD_EVERY - 1
+        image = b"these bytes are not an image" if bad else self.photos[n % len(self.photos)]
+        client = self.clients["classify"][worker]
+
+        def request():
+            result = client.infer(
+                cspec.ENSEMBLE,
+                classify.build_inputs(grpc, [image], 3),
+                outputs=connection.make_outputs(grpc, list(classify.OUTPUTS)),
+                client_timeout=CLIENT_TIMEOUT_S,
+            )
+            assert len(classify.parse(result)[0].labels) == 3
+
+        self._run("classify", bad, request, "not an image")
+
+    def close(self) -> None:
+        for clients in self.clients.values():
+            for client in clients:
+                client.close()
+
+
+def run_mixed(
+    sender: MixedSender, server_pid: int, seconds: float
+) -> tuple[dict[str, load.Tally], list[load.Footprint]]:
+    """Both loads (2 threads each) for ``seconds``, the server tree's footprint sampled."""
+    loops = {
+        "embed": load.ClosedLoop(sender.embed, 2, "embed"),
+        "classify": load.ClosedLoop(sender.classify, 2, "classify"),
+    }
+    for loop in loops.values():
+        loop.start()
+    sampled = []
+    try:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(SAMPLE_EVERY_S, left))
+            sampled.append(load.tree_footprint(server_pid))
+    finally:
+        tallies = {kind: loop.stop(timeout=CLIENT_TIMEOUT_S + 5) for kind, loop in loops.items()}
+    return tallies, sampled
+
+
+def ensemble_successes(server: Server) -> dict[str, int]:
+    """Successful requests each ensemble has counted."""
+    with grpc.InferenceServerClient(server.grpc_url) as client:
+        found = {}
+        for name in (espec.ENSEMBLE, cspec.ENSEMBLE):
+            (stats,) = client.get_inference_statistics(name, as_json=True)["model_stats"]
+            found[name] = int(stats["inference_stats"]["success"]["count"])
+        return found
+
+
+def test_soak_answers_everything_and_keeps_memory_and_fds_flat(tmp_path):
+    photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
+    # A 1 MiB response cache fills during the warm-up and then only evicts: with a 256 MB one,
+    # every unique text would be kept and the cache's growth would read as a leak.
+    server = start_server(
+        tmp_path / "tritonserver.log", [espec.ENSEMBLE, cspec.ENSEMBLE], cache_bytes=1 << 20
+    )
+    try:
+        sender = MixedSender(server, 2, photos)
+        pid = server.process.pid
+        warm, _ = run_mixed(sender, pid, WARMUP_S)
+        before = load.tree_footprint(pid)
+        successes_before = ensemble_successes(server)
+        bad_before, refused_before = dict(sender.bad_sent), dict(sender.refused)
+        soak, sampled = run_mixed(sender, pid, SOAK_S)
+        after = load.tree_footprint(pid)
+        labels = {p: load.label(p) for p in after.rss_mb}  # while the processes exist
+        successes_after = ensemble_successes(server)
+        sender.close()
+        live = server.is_ready()
+    finally:
+        server.stop()
+
+    bad = {k: sender.bad_sent[k] - bad_before[k] for k in sender.bad_sent}
+    refused = {k: sender.refused[k] - refused_before[k] for k in sender.refused}
+    middle = sampled[len(sampled) // 2]
+    per_process = {
+        labels.get(p, str(p)): (round(before.rss_mb[p], 1), round(after.rss_mb.get(p, 0.0), 1))
+        for p in before.rss_mb
+    }
+    log.warning(
+        "soak %.0f s: embed %d sent (%d bad, %d refused), %.0f/s, p99 %.1f ms; classify %d sent "
+        "(%d bad, %d refused), %.0f/s, p99 %.1f ms; errors %s %s; RSS %.1f -> %.1f MiB "
+        "(%+.1f; under load %s); fds %d -> %d; processes %d -> %d; per process MiB %s",
+        SOAK_S,
+        soak["embed"].sent,
+        bad["embed"],
+        refused["embed"],
+        soak["embed"].sent / soak["embed"].seconds,
+        soak["embed"].ok_ms.get("p99", float("nan")),
+        soak["classify"].sent,
+        bad["classify"],
+        refused["classify"],
+        soak["classify"].sent / soak["classify"].seconds,
+        soak["classify"].ok_ms.get("p99", float("nan")),
+        soak["embed"].errors,
+        soak["classify"].errors,
+        before.total_rss_mb,
+        after.total_rss_mb,
+        after.total_rss_mb - before.total_rss_mb,
+        [round(f.total_rss_mb) for f in sampled],
+        before.total_fds,
+        after.total_fds,
+        len(before.rss_mb),
+        len(after.rss_mb),
+        per_process,
+    )
+    # Every request answered, and answered right: good ones succeed, bad ones are refused.
+    for kind, tally in {**{f"warm-up {k}": t for k, t in warm.items()}, **soak}.items():
+        assert tally.errors == {} and tally.hung == 0, (kind, tally.errors)
+        assert tally.sent == tally.ok == tally.answered > 0, kind
+    for kind in ("embed", "classify"):
+        assert bad[kind] == refused[kind] > 0, kind
+        # The server counted exactly the good requests as successes.
+        good = soak[kind].sent - bad[kind]
+        name = espec.ENSEMBLE if kind == "embed" else cspec.ENSEMBLE
+        assert successes_after[name] - successes_before[name] == good, kind
+    assert live
+    # The same processes (no stub died or was added), memory and descriptors flat.
+    assert set(after.rss_mb) == set(before.rss_mb)
+    assert after.total_rss_mb - before.total_rss_mb <= RSS_GROWTH_MB
+    assert sampled[-1].total_rss_mb - middle.total_rss_mb <= RSS_SECOND_HALF_MB
+    assert after.total_fds <= before.total_fds + FD_GROWTH
