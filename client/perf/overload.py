@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     "offered": report.offered,
                     "slo_ms": report.slo_ms,
                     "policies": report.policies,
+                    "seconds": r.seconds,
                     "sent": r.sent,
                     "answered": r.answered,
                     "ok": r.ok,

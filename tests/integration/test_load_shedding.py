@@ -1,8 +1,8 @@
-"""Load shedding at 4x capacity: every request answered, rejections clear and immediate.
+"""Load shedding at 4x capacity: every request answered, the server still at full capacity.
 
 Runs the benchmark itself (``python -m client.perf.overload``) in its own process: it pins the
 server to one core and its open-loop sender to the other, measures capacity, offers 4x that
-rate for a few seconds with the ``local-shed`` configs (queue policies on preprocess and the
+rate for a few seconds with the ``local-shed`` configs (queue timeouts on preprocess and the
 classifier), and writes every count to JSON.
 """
 
@@ -19,7 +19,7 @@ from tests.helpers import REPO
 pytestmark = pytest.mark.integration
 
 
-def test_every_request_at_4x_capacity_is_answered_or_rejected_at_once(tmp_path, classifier_onnx):
+def test_every_request_at_4x_capacity_is_answered_and_goodput_holds(tmp_path, classifier_onnx):
     out = tmp_path / "overload.json"
     command = [sys.executable, "-m", "client.perf.overload", "--seconds", "5", "--json", str(out)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -29,8 +29,13 @@ def test_every_request_at_4x_capacity_is_answered_or_rejected_at_once(tmp_path, 
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert report["offered"] >= 3.5 * report["capacity"]  # really overloaded
     assert report["sent"] == report["answered"] and report["hung"] == 0
-    assert report["ok"] > 0 and report["errors"].get("queue-full", 0) > report["ok"]
     assert set(report["errors"]) <= {"queue-full", "queue-timeout"}
-    # "Exceeds maximum queue size" comes back at once: the request never waited anywhere.
-    assert report["rejection_ms"]["queue-full"]["p50"] < 20
+    # Goodput: shedding by queue timeout keeps the server doing useful work at its capacity
+    # (measured 89.3 of 89.5 and 96.6 of 106.5 req/s). A size limit alone collapsed it to 19-36 req/s on 2.51.
+    admitted_per_s = report["ok"] / report["seconds"]
+    assert admitted_per_s >= 0.7 * report["capacity"], (admitted_per_s, report["capacity"])
     assert report["ok_ms"]["p99"] <= report["slo_ms"]
+    # Every rejection came back in bounded time: the queue timeouts on its path, plus the moment
+    # the batcher next looks at its queue (measured max 2.39-2.54 s against 2.5 s + 1 s here).
+    bound_ms = report["slo_ms"] + 1000
+    assert all(ms["max"] <= bound_ms for ms in report["rejection_ms"].values())
