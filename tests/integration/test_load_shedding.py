@@ -30,8 +30,8 @@ def test_every_request_at_4x_capacity_is_answered_and_goodput_holds(tmp_path, cl
     assert report["offered"] >= 3.5 * report["capacity"]  # really overloaded
     assert report["sent"] == report["answered"] and report["hung"] == 0
     assert set(report["errors"]) <= {"queue-full", "queue-timeout"}
-    # Goodput: shedding by queue timeout keeps the server doing useful work at its capacity
-    # (measured 89.3 of 89.5 and 96.6 of 106.5 req/s). A size limit alone collapsed it to 19-36 req/s on 2.51.
+    # Goodput: shedding by queue timeout keeps the server doing useful work near its capacity
+    # (measured 0.79-1.06x); a small queue limit collapsed it to 19-36 req/s on 2.51.
     admitted_per_s = report["ok"] / report["seconds"]
     assert admitted_per_s >= 0.7 * report["capacity"], (admitted_per_s, report["capacity"])
     assert report["ok_ms"]["p99"] <= report["slo_ms"]
