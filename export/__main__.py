@@ -63,13 +63,10 @@ def build_engines(args: argparse.Namespace) -> int:
     engines = args.engines or args.repository
     if args.commands:
         for recipe in chosen:
-            config = engine_config(recipe, args.repository)
-            profiles = tensorrt.profiles_for(config, recipe.dynamic)
-            plan = engines / recipe.model / recipe.version / "model.plan"
             command = tensorrt.trtexec_command(
                 recipe.onnx_path(args.repository),
-                plan,
-                profiles,
+                recipe.plan_path(engines),
+                recipe.profiles(args.repository),
                 recipe.precision,
                 args.workspace_mib,
                 args.timing_cache,
@@ -81,19 +78,12 @@ def build_engines(args: argparse.Namespace) -> int:
         log.error("cannot build engines here: %s (use --commands to see what would run)", reason)
         return 2
     for recipe in chosen:
-        plan = engines / recipe.model / recipe.version / "model.plan"
+        plan = recipe.plan_path(engines)
         tensorrt.build(recipe, args.repository, plan, args.timing_cache, args.workspace_mib)
         log.info("built %s", plan)
         if args.parity:
             tensorrt.parity(recipe, args.repository, plan)
     return 0
-
-
-def engine_config(recipe: tensorrt.Recipe, repository: Path):
-    """The parsed Triton config an engine is built for."""
-    from server import model_config
-
-    return model_config.parse(recipe.config_path(repository))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,6 +98,20 @@ class Recipe:
         """The Triton config the engine must satisfy."""
         return repository / self.model / "configs" / f"{self.config_name}.pbtxt"
 
+    def config(self, repository: Path) -> mc.ModelConfig:
+        """That config, parsed with Triton's schema."""
+        from server import model_config
+
+        return model_config.parse(self.config_path(repository))
+
+    def profiles(self, repository: Path) -> list[Profile]:
+        """The optimization profiles the engine is built with (``profiles_for`` its config)."""
+        return profiles_for(self.config(repository), self.dynamic)
+
+    def plan_path(self, engines: Path) -> Path:
+        """Where the engine goes under a folder laid out like the repository."""
+        return engines / self.model / self.version / "model.plan"
+
 
 def sequence_range() -> tuple[int, int, int]:
     """The encoder's token axis: the tokenizer's smallest bucket, a typical sentence, the cap.
@@ -345,7 +359,7 @@ def build(
     if reason:
         raise RuntimeError(f"cannot build {recipe.model}/{recipe.version}: {reason}")
     trt = load_tensorrt()
-    config = _parse_config(recipe.config_path(repository))
+    config = recipe.config(repository)
     profiles = profiles_for(config, recipe.dynamic)
     source = recipe.onnx_path(repository)
     strongly_typed = major_version(trt) >= 11
@@ -500,9 +514,3 @@ def parity(recipe: Recipe, repository: Path, plan: Path):
     if not ok:
         raise RuntimeError(f"{plan} parity failed: {report}")
     return report
-
-
-def _parse_config(path: Path) -> mc.ModelConfig:
-    from server import model_config
-
-    return model_config.parse(path)

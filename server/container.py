@@ -73,7 +73,7 @@ def ensure_engines(
     engines = {}
     with _locked(folder):
         for recipe in tensorrt.recipes():
-            plan = folder / recipe.model / recipe.version / "model.plan"
+            plan = recipe.plan_path(folder)
             if plan.exists():
                 log.info("engine cached: %s", plan)
             else:
