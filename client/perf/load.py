@@ -276,11 +276,6 @@ def argv(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def cmdline(pid: int) -> str:
-    """The process's command line, arguments joined by spaces ("" if it is gone)."""
-    return " ".join(argv(pid))
-
-
 def stub_model(pid: int) -> tuple[str, str] | None:
     """(model, version) served by a Python-backend stub process, None for any other process.
 
