@@ -145,13 +145,10 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
         stopped = True
     finally:
         if not stopped:
-            regions = shm_regions_of_group(server.process.pid)
             server.stop(timeout=EXIT_TIMEOUT_S + 25)
-        # The killed stub's shared-memory region outlives the server (nobody unlinks it):
-        # remove what this server had mapped and left behind, nothing else.
-        leftover = sorted(r for r in regions if r.exists())
-        for region in leftover:
-            region.unlink(missing_ok=True)
+    # The server exits with an error (the dead instance never unloads), so nobody unlinks the
+    # stubs' shared memory; Server.stop removes what this server had mapped, nothing else.
+    leftover = sorted(r for r in regions if r.exists())
 
     outcomes = loop.outcomes
     failures = [o for o in outcomes if o.error is not None]
@@ -225,6 +222,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
     # with status 1 (log: "Found 1 live models" each second, then "Exit timeout expired").
     assert exit_status == 1 and stop_s < EXIT_TIMEOUT_S + 20
     assert "Exit timeout expired" in server.log_path.read_text(errors="replace")
+    assert regions and leftover == [], leftover  # Server.stop cleaned up after the failed exit
 
 
 # 2. A new model version loaded under load --------------------------------------------------
