@@ -335,12 +335,10 @@ def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
 
 def perf_input(photos: list[bytes], directory: Path) -> Path:
     """perf_analyzer --input-data with every photo as one request's IMAGE."""
-    from client.perf.inputs import _string_element
-    from pipelines import classification as spec
+    from client.perf.inputs import image_entries
 
-    data = [{spec.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
     path = directory / "classify-photos.json"
-    path.write_text(json.dumps({"data": data}))
+    path.write_text(json.dumps({"data": image_entries(photos)}))
     return path
 
 

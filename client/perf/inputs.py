@@ -28,6 +28,11 @@ def _tensor(array: np.ndarray) -> dict:
     }
 
 
+def image_entries(photos: list[bytes]) -> list[dict]:
+    """One ``IMAGE`` request per encoded photo (classify and preprocess inputs)."""
+    return [{spec.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
+
+
 def entries(model: str, reference=None) -> list[dict]:
     """One perf_analyzer data entry per sample photo, for the given model's inputs.
 
@@ -40,7 +45,7 @@ def entries(model: str, reference=None) -> list[dict]:
         return [{embedding.TEXT: {"content": [t], "shape": [1]}} for t in text_samples.SENTENCES]
     photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
     if model in (spec.ENSEMBLE, spec.PREPROCESS):
-        return [{spec.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
+        return image_entries(photos)
     pixels, _ = image.preprocess_batch(photos)
     if model == spec.CLASSIFIER:
         return [{spec.PIXELS: _tensor(px)} for px in pixels]
