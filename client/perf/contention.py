@@ -2,7 +2,7 @@
 
 ``python -m client.perf.contention`` starts one tritonserver (explicit model control,
 ``--rate-limit=execution_count``) and measures, in one run, each serving setup below while three
-streams share the server's 2 cores:
+streams share the server's core:
 
 * **images**: the classifier saturated by a closed loop of single images (its own process);
 * **bulk**: embeddings of unique documents, a deep closed loop on the encoder (its own process);
@@ -15,12 +15,12 @@ Setups (config overrides loaded through the model-control API, nothing else chan
   priority 1: a query goes to the head of the encoder's queue instead of behind the bulk backlog;
 * ``limiter``: classifier and encoder instances each need the one global ``cpu_slot``, the
   encoder with rate-limiter priority 1 (twice the classifier's chances): their executions no
-  longer overlap on the cores;
-* ``both``: limiter and priorities.
+  longer overlap on the core;
+* ``both``: limiter and priorities: a query skips the backlog *and* waits for at most one
+  execution in progress instead of sharing the core with all of them.
 
-Why ``priority`` wins: with ``BULK_CONCURRENCY`` documents in flight the encoder's queue holds
-several batches; a priority-1 query skips them and waits only for the execution in progress.
-The limiter cannot pre-empt an execution either, so what it adds is measured, not assumed.
+Every setup serves the encoder with ``ENCODER_INSTANCES`` instances (see there). Before the
+setups, the queries run ``alone`` (no background) for reference.
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ log = logging.getLogger(__name__)
 
 RESOURCE = "cpu_slot"
 SETUPS = ("none", "priority", "limiter", "both")
+ALONE = "alone"  # the queries with no background: what "keeps its p99" is measured against
+# Priority levels switch tritonserver's batch prefetching off (``PriorityQueue``, Triton core
+# src/scheduler_utils.cc); the batcher then forms a batch only when an instance is waiting for
+# one. With a single instance the wake-up sent when it finishes can come before it is back
+# waiting, and the batcher then sleeps until the next arrival or 0.5 s: the closed-loop streams
+# here have nothing left to send, so queries were held ~0.5 s (p99 527-580 ms measured). With
+# two instances the other one's completion wakes the batcher. Same count in every setup.
+ENCODER_INSTANCES = 2
 IMAGE_CONCURRENCY = 4
 BULK_CONCURRENCY = 32
 QUERY_INTERVAL_S = 0.02
@@ -80,6 +88,8 @@ def configs(setup: str, config_name: str | None) -> dict:
     for model, slot_priority in ((cspec.CLASSIFIER, 2), (espec.ENCODER, 1)):
         config = model_config.resolve(MODEL_REPOSITORY / model, config_name)
         for group in config.instance_group:
+            if model == espec.ENCODER:
+                group.count = ENCODER_INSTANCES
             group.ClearField("rate_limiter")
             if setup in ("limiter", "both"):
                 resource = group.rate_limiter.resources.add()
@@ -156,11 +166,14 @@ class Result:
 
 
 def measure(server: Server, setup: str, seconds: float) -> Result:
-    """Apply ``setup``, run the three streams together for ``seconds``, and tally them."""
+    """Apply ``setup``, run the three streams together for ``seconds``, and tally them.
+
+    ``ALONE`` runs the queries on the ``none`` configs with no background streams.
+    """
     import tritonclient.grpc as grpc
 
     with grpc.InferenceServerClient(server.grpc_url) as client:
-        apply(server, client, setup)
+        apply(server, client, "none" if setup == ALONE else setup)
         priority = QUERY_PRIORITY if setup in ("priority", "both") else 0
         inputs = _encoder_inputs(grpc, "a cat sleeping on a sofa")
 
@@ -170,6 +183,10 @@ def measure(server: Server, setup: str, seconds: float) -> Result:
 
         for _ in range(10):
             query(0)  # warm the reloaded instances
+        if setup == ALONE:
+            idle = load.tally([], seconds)
+            queries = load.ClosedLoop(query, 1, "queries").run(seconds - 1.0)
+            return Result(setup, queries, idle, idle)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         warmup = 1.5
@@ -198,7 +215,7 @@ def measure(server: Server, setup: str, seconds: float) -> Result:
 
 
 def run(setups=SETUPS, seconds: float = 8.0, rounds: int = 1) -> list[Result]:
-    """Start a server and measure every setup, ``rounds`` times, interleaved."""
+    """Start a server, measure the queries ``ALONE``, then every setup ``rounds`` times."""
     results = []
     # The server on one core, every load generator on the other: the contention measured is
     # the models' own, not the clients' (spawned workers inherit this process's affinity).
@@ -207,6 +224,8 @@ def run(setups=SETUPS, seconds: float = 8.0, rounds: int = 1) -> list[Result]:
     if server_cpus:
         os.sched_setaffinity(0, cores[:-1])
     with Server(server_config(server_cpus)) as server:
+        results.append(measure(server, ALONE, seconds))
+        log.info("%s", row(results[-1]))
         for r in range(rounds):
             order = list(setups)[r % len(setups) :] + list(setups)[: r % len(setups)]
             for setup in order:
@@ -227,7 +246,7 @@ def row(result: Result) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the table: query p50/p99 and background throughput per setup, and the p99 ratio."""
+    """Print the table: query p50/p99 and background throughput per setup, and p99 ratios."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="example: python -m client.perf.contention --seconds 8 --rounds 2",
@@ -245,10 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     by_setup: dict[str, list[float]] = {}
     for result in results:
         by_setup.setdefault(result.setup, []).append(result.queries.ok_ms.get("p99", 0.0))
-    if "none" in by_setup:
-        base = float(np.median(by_setup["none"]))
-        for setup, p99s in by_setup.items():
-            print(f"query p99, {setup} ÷ none: {float(np.median(p99s)) / base:.2f}x")
+    alone = by_setup.pop(ALONE)[0]
+    none = float(np.median(by_setup["none"])) if "none" in by_setup else None
+    for setup, p99s in by_setup.items():
+        p99 = float(np.median(p99s))
+        versus_none = f", ÷ none: {p99 / none:.2f}x" if none else ""
+        print(f"query p99, {setup}: {p99:.1f} ms; ÷ alone: {p99 / alone:.2f}x{versus_none}")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -1,32 +1,35 @@
-"""Load shedding: the ``classify`` ensemble at a multiple of its capacity, every request counted.
+"""Load shedding: an ensemble at a multiple of its capacity, every request counted.
 
-``python -m client.perf.overload`` starts a tritonserver with the repository's own configs (the
-ensemble's batched steps have a queue policy: at most ``max_queue_size`` waiting, none longer
-than the queue timeout, the rest answered with REJECT), pinned to one core with the load
-generator on the other, measures capacity with a short closed loop, then sends ``--factor``
-times that rate open-loop (fixed intervals, whatever the server answers) and reports: sent,
-answered (successes and rejections by kind), hung, rejection latency and admitted latency
-against the SLO.
+``python -m client.perf.overload [--service classify|embed]`` starts a tritonserver with the
+repository's ``local-shed`` configs (the entrance step refuses beyond a short queue at once;
+every step with a queue policy answers a request that waited too long with REJECT), pinned to
+one core with the load generator on the other, measures capacity with a short closed loop, then
+sends ``--factor`` times that rate open-loop (fixed intervals, whatever the server answers) and
+reports: sent, answered (successes and rejections by kind), hung, rejection latency and
+admitted latency against the SLO.
 
 The SLO follows from the configs: an admitted request waits at most one queue timeout at each
-step with a queue policy (preprocess, classifier), plus the executions (an allowance).
+step with a queue policy, plus the executions (an allowance).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from client.perf import load
-from pipelines import classification as spec
-from pipelines import samples
+from pipelines import classification as cspec
+from pipelines import embedding as espec
+from pipelines import samples, text_samples
 from server import Server, ServerConfig, model_config
 from server.launcher import MODEL_REPOSITORY
 
@@ -39,42 +42,77 @@ STEPS_ALLOWANCE_S = 0.5
 SHED_CONFIG = "local-shed"
 
 
-def server_config(cpus: list[int] | None = None) -> ServerConfig:
-    """Free ports, the classify service only."""
+def image_inputs(grpc) -> Callable[[int], list]:
+    """``make_inputs(i)``: photo ``i`` of the samples, cycling (one encoded image per request)."""
+    tensors = []
+    for name in samples.PHOTOS:
+        tensor = grpc.InferInput(cspec.IMAGE, [1, 1], "BYTES")
+        data = np.array([samples.photo_bytes(name)], dtype=np.object_).reshape(1, 1)
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    return lambda i: [tensors[i % len(tensors)]]
+
+
+def text_inputs(grpc) -> Callable[[int], list]:
+    """``make_inputs(i)``: one text per request, never the same one twice.
+
+    ``embed``'s response cache then answers none of them (a cache hit is not work shed);
+    ``i`` picks the sentence, a serial number makes it new.
+    """
+    serial = itertools.count()
+
+    def make(i: int) -> list:
+        text = f"{text_samples.SENTENCES[i % len(text_samples.SENTENCES)]} (#{next(serial)})"
+        tensor = grpc.InferInput(espec.TEXT, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_).reshape(1, 1))
+        return [tensor]
+
+    return make
+
+
+@dataclass(frozen=True)
+class Service:
+    """An ensemble under overload: its batched steps and how to make one request's inputs."""
+
+    ensemble: str
+    steps: tuple[str, ...]
+    inputs: Callable[[object], Callable[[int], list]]  # tritonclient.grpc -> make_inputs
+
+
+SERVICES = {
+    "classify": Service(
+        cspec.ENSEMBLE, (cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS), image_inputs
+    ),
+    "embed": Service(espec.ENSEMBLE, (espec.TOKENIZE, espec.ENCODER, espec.POOL), text_inputs),
+}
+
+
+def server_config(service: Service, cpus: list[int] | None = None) -> ServerConfig:
+    """Free ports, the ``local-shed`` configs, ``service``'s ensemble only."""
     return ServerConfig(
         http_port=0,
         grpc_port=0,
         metrics_port=0,
         cpus=cpus,
         model_config_name=SHED_CONFIG,
-        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
+        extra_args=["--model-control-mode=explicit", f"--load-model={service.ensemble}"],
     )
 
 
-def queue_policies(config_name: str | None = "local") -> dict:
-    """The queue policy of each step of ``classify`` that has one, as the server resolves it."""
+def queue_policies(service: Service, config_name: str | None = "local") -> dict:
+    """The queue policy of each step of ``service`` that has one, as the server resolves it."""
     policies = {}
-    for model in (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS):
+    for model in service.steps:
         config = model_config.resolve(MODEL_REPOSITORY / model, config_name)
         if config.dynamic_batching.HasField("default_queue_policy"):
             policies[model] = config.dynamic_batching.default_queue_policy
     return policies
 
 
-def slo_s(config_name: str | None = "local") -> float:
+def slo_s(service: Service, config_name: str | None = "local") -> float:
     """Latency bound for an admitted request: every queue timeout on its path + the steps."""
-    timeouts = [p.default_timeout_microseconds for p in queue_policies(config_name).values()]
-    return sum(timeouts) / 1e6 + STEPS_ALLOWANCE_S
-
-
-def image_inputs(grpc, photos: list[bytes]):
-    """``make_inputs(i)`` cycling through encoded photos (one image per request)."""
-    tensors = []
-    for data in photos:
-        tensor = grpc.InferInput(spec.IMAGE, [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([data], dtype=np.object_).reshape(1, 1))
-        tensors.append(tensor)
-    return lambda i: [tensors[i % len(tensors)]]
+    policies = queue_policies(service, config_name).values()
+    return sum(p.default_timeout_microseconds for p in policies) / 1e6 + STEPS_ALLOWANCE_S
 
 
 @dataclass(frozen=True)
@@ -109,17 +147,20 @@ class Report:
         ]
 
 
-def measure_capacity(url: str, photos: list[bytes], concurrency: int, seconds: float) -> float:
-    """Successful requests/s of ``classify`` in a closed loop (no rejections expected)."""
+def measure_capacity(url: str, service: Service, concurrency: int, seconds: float) -> float:
+    """Successful requests/s of ``service`` in a closed loop (no rejections expected)."""
     import tritonclient.grpc as grpc
 
     clients = [grpc.InferenceServerClient(url) for _ in range(concurrency)]
-    make = image_inputs(grpc, photos)
-    for i in range(2 * len(photos)):  # first executions initialize lazily: not capacity
-        clients[0].infer(spec.ENSEMBLE, make(i))
+    make = service.inputs(grpc)
+    serial = itertools.count()
+    for _ in range(16):  # first executions initialize lazily: not capacity
+        clients[0].infer(service.ensemble, make(next(serial)))
     try:
         tally = load.ClosedLoop(
-            lambda w: clients[w].infer(spec.ENSEMBLE, make(w)), concurrency, "capacity"
+            lambda w: clients[w].infer(service.ensemble, make(next(serial))),
+            concurrency,
+            "capacity",
         ).run(seconds)
     finally:
         for c in clients:
@@ -130,40 +171,35 @@ def measure_capacity(url: str, photos: list[bytes], concurrency: int, seconds: f
 
 
 def overload(
-    url: str,
-    photos: list[bytes],
-    rate: float,
-    seconds: float,
-    client_timeout_s: float,
+    url: str, service: Service, rate: float, seconds: float, client_timeout_s: float
 ) -> tuple[list[load.Outcome], float]:
-    """Open-loop ``classify`` at ``rate`` for ``seconds``; every request ends as an outcome."""
+    """Open-loop ``service`` at ``rate`` for ``seconds``; every request ends as an outcome."""
     import tritonclient.grpc as grpc
 
     with grpc.InferenceServerClient(url) as client:
         submit = load.grpc_submitter(
-            client,
-            spec.ENSEMBLE,
-            image_inputs(grpc, photos),
-            client_timeout=client_timeout_s,
+            client, service.ensemble, service.inputs(grpc), client_timeout=client_timeout_s
         )
         # Drain: long enough for the queue to empty, short of "forever".
-        return load.open_loop(submit, rate, seconds, drain_s=client_timeout_s + 5, kind="images")
+        return load.open_loop(
+            submit, rate, seconds, drain_s=client_timeout_s + 5, kind=service.ensemble
+        )
 
 
 def run(
     server: Server,
+    service: Service,
     factor: float = 4.0,
     seconds: float = 6.0,
     capacity_concurrency: int = 4,
     capacity_seconds: float = 4.0,
 ) -> Report:
     """Measure capacity, then overload at ``factor`` x capacity on a running server."""
-    photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
     name = server.config.model_config_name
-    slo = slo_s(name)
-    capacity = measure_capacity(server.grpc_url, photos, capacity_concurrency, capacity_seconds)
+    slo = slo_s(service, name)
+    capacity = measure_capacity(server.grpc_url, service, capacity_concurrency, capacity_seconds)
     outcomes, offered = overload(
-        server.grpc_url, photos, factor * capacity, seconds, client_timeout_s=4 * slo
+        server.grpc_url, service, factor * capacity, seconds, client_timeout_s=4 * slo
     )
     rejected: dict[str, list[float]] = {}
     for o in outcomes:
@@ -178,7 +214,7 @@ def run(
         policies={
             m: f"max_queue_size {p.max_queue_size}, timeout "
             f"{p.default_timeout_microseconds / 1000:.0f} ms"
-            for m, p in queue_policies(name).items()
+            for m, p in queue_policies(service, name).items()
         },
     )
 
@@ -193,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="example: python -m client.perf.overload --factor 4 --seconds 6",
     )
+    parser.add_argument("--service", choices=sorted(SERVICES), default="classify")
     parser.add_argument("--factor", type=float, default=4.0, help="offered rate ÷ capacity")
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to overload")
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -205,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     server_cpus = cores[1:2] or None
     if server_cpus:
         os.sched_setaffinity(0, cores[:1])
-    with Server(server_config(server_cpus), log_path=args.log) as server:
-        report = run(server, args.factor, args.seconds)
+    service = SERVICES[args.service]
+    with Server(server_config(service, server_cpus), log_path=args.log) as server:
+        report = run(server, service, args.factor, args.seconds)
     for line in report.lines():
         print(line)
     r = report.result

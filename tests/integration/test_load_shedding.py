@@ -1,9 +1,10 @@
-"""Load shedding at 4x capacity: every request answered, the server still at full capacity.
+"""Load shedding at 4x capacity: every request answered, the excess refused fast, goodput held.
 
 Runs the benchmark itself (``python -m client.perf.overload``) in its own process: it pins the
 server to one core and its open-loop sender to the other, measures capacity, offers 4x that
-rate for a few seconds with the ``local-shed`` configs (queue timeouts on preprocess and the
-classifier), and writes every count to JSON.
+rate for a few seconds with the ``local-shed`` configs, and writes every count to JSON. Both
+ensembles: ``classify`` sheds at its entrance (preprocess, 16 waiting), ``embed`` at its costly
+step (the encoder, 64 waiting); every step with a policy also has a 1 s queue timeout.
 """
 
 from __future__ import annotations
@@ -19,9 +20,20 @@ from tests.helpers import REPO
 pytestmark = pytest.mark.integration
 
 
-def test_every_request_at_4x_capacity_is_answered_and_goodput_holds(tmp_path, classifier_onnx):
+# The exported ONNX files each service serves.
+MODELS = {"classify": "classifier_onnx", "embed": "encoder_onnx"}
+
+
+@pytest.mark.parametrize("service", sorted(MODELS))
+def test_at_4x_capacity_every_request_is_answered_excess_refused_fast_goodput_held(
+    tmp_path, request, service
+):
+    request.getfixturevalue(MODELS[service])
     out = tmp_path / "overload.json"
-    command = [sys.executable, "-m", "client.perf.overload", "--seconds", "5", "--json", str(out)]
+    command = [
+        *(sys.executable, "-m", "client.perf.overload", "--service", service),
+        *("--seconds", "5", "--json", str(out)),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
     report = json.loads(out.read_text())
     print(result.stdout)
@@ -30,12 +42,18 @@ def test_every_request_at_4x_capacity_is_answered_and_goodput_holds(tmp_path, cl
     assert report["offered"] >= 3.5 * report["capacity"]  # really overloaded
     assert report["sent"] == report["answered"] and report["hung"] == 0
     assert set(report["errors"]) <= {"queue-full", "queue-timeout"}
-    # Goodput: shedding by queue timeout keeps the server doing useful work near its capacity
-    # (measured 0.79-1.06x); a small queue limit collapsed it to 19-36 req/s on 2.51.
+    # Goodput: the server keeps doing useful work at its capacity (classify: 0.91-1.07x; embed:
+    # 1.5x, its batches fill better than at the concurrency of 4 that measures capacity). With
+    # one instance per shedding step the same small queue collapsed classify to 17-36 req/s on
+    # 2.51 (see preprocess/configs/local-shed.pbtxt).
     admitted_per_s = report["ok"] / report["seconds"]
-    assert admitted_per_s >= 0.7 * report["capacity"], (admitted_per_s, report["capacity"])
+    assert admitted_per_s >= 0.8 * report["capacity"], (admitted_per_s, report["capacity"])
     assert report["ok_ms"]["p99"] <= report["slo_ms"]
-    # Every rejection came back in bounded time: the queue timeouts on its path, plus the moment
-    # the batcher next looks at its queue (measured max 2.39-2.54 s against 2.5 s + 1 s here).
+    # The excess is refused at once, before the costly work is spent on it (measured: every
+    # rejection "queue-full", p99 5.6-16.2 ms, max 25 ms). The timeouts are a backstop.
+    rejected = sum(report["errors"].values())
+    assert report["errors"].get("queue-full", 0) >= 0.95 * rejected > 0
+    assert report["rejection_ms"]["queue-full"]["p99"] <= 100
+    # Every rejection, backstop included, came back within the SLO plus 1 s.
     bound_ms = report["slo_ms"] + 1000
     assert all(ms["max"] <= bound_ms for ms in report["rejection_ms"].values())
