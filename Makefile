@@ -64,7 +64,7 @@ tools:
 			prometheus nginx; }
 
 test: lint models tools
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -raR $(PYTEST_ARGS)
 
 # Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
 perf: models

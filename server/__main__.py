@@ -9,6 +9,10 @@ Model control, the repository index, shared-memory registration and the log and 
 answer only requests with the header ``admin-key: <key>`` (gRPC metadata
 ``triton-grpc-protocol-admin-key``); the key is $TRITON_ADMIN_KEY, or one made at start and
 printed once. Inference, health, metadata, model configs and statistics stay open.
+
+Models load under explicit model control (every one at start), so that a supervisor can reload
+a model whose Python-backend stub died, which tritonserver 2.51 does not do (server/supervisor.py;
+``--no-supervisor`` turns it off).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from server.launcher import (
     ServerConfig,
     ServerStartError,
 )
+from server.supervisor import StubSupervisor, explicit_control
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help=f"no key: leave {', '.join(ADMIN_APIS)} open to every client",
     )
+    p.add_argument(
+        "--no-supervisor",
+        action="store_true",
+        help="do not reload a model whose Python-backend stub died",
+    )
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
     p.add_argument("extra", nargs="*", help="further tritonserver flags, after --")
     return p.parse_args(argv)
@@ -84,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
+    extra, supervise = args.extra, False
+    if not args.no_supervisor:
+        controlled = explicit_control(args.extra)
+        if controlled is None:
+            print("note: model-control mode is not explicit: no stub supervisor", flush=True)
+        else:
+            extra, supervise = controlled, True
     config = ServerConfig(
         model_repository=args.model_repository.resolve(),
         host=args.host,
@@ -92,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         model_config_name=args.model_config_name or None,
         log_verbose=args.log_verbose,
-        extra_args=args.extra,
+        extra_args=extra,
         admin_key=args.admin_key,
         restricted_apis=() if args.open_admin_apis else ADMIN_APIS,
     )
@@ -116,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted during start-up; server stopped", file=sys.stderr)
         return 130
+    supervisor = StubSupervisor.of(server).start() if supervise else None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -126,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  gRPC     {server.grpc_url}\n"
         f"  metrics  {server.metrics_url}\n"
         f"  admin    {_admin_line(server, shown_key)}\n"
+        f"  stubs    {'a dead one gets its model reloaded' if supervisor else 'not supervised'}\n"
         f"  log      {server.log_path}\n"
         "Ctrl-C stops it.",
         flush=True,
@@ -137,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             if server.process.poll() is not None:
                 break
+    if supervisor:
+        supervisor.stop()
     if server.process.poll() is not None:
         print(f"tritonserver exited ({server.process.returncode})\n{server.log_tail()}")
         return 1

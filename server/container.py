@@ -15,6 +15,9 @@ Environment:
     TRITON_ADMIN_KEY           opens the admin endpoints (model control, repository, shared
                                memory, logging, trace) to requests carrying it; unset, they stay
                                closed (a random key that is never shown)
+    TRITON_STUB_SUPERVISOR     0 turns off the stub supervisor (server/supervisor.py), a process
+                               of its own that reloads a model whose Python stub died; it needs
+                               explicit model control, which the entrypoint then adds
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ import fcntl
 import logging
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from export import tensorrt
 from server import gpus as gpu_info
-from server.launcher import MODEL_REPOSITORY, Server, ServerConfig
+from server import supervisor
+from server.launcher import ADMIN_KEY_ENV, MODEL_REPOSITORY, Server, ServerConfig
 
 log = logging.getLogger("server.container")
 
@@ -108,12 +113,33 @@ def server_config(argv: Sequence[str], environ: dict[str, str], gpus) -> ServerC
     )
 
 
+def add_supervision(config: ServerConfig, environ: dict[str, str]) -> bool:
+    """Whether to run the stub supervisor; if so, ``config`` gets explicit model control."""
+    if environ.get("TRITON_STUB_SUPERVISOR", "1") == "0":
+        return False
+    controlled = supervisor.explicit_control(config.extra_args)
+    if controlled is None:
+        log.warning("model-control mode is not explicit: no stub supervisor")
+        return False
+    config.extra_args = controlled
+    return True
+
+
+def start_supervisor(server: Server) -> subprocess.Popen:
+    """The stub supervisor, started before the exec: then a child of tritonserver (this pid)."""
+    command = [sys.executable, "-m", "server.supervisor", "--pid", str(os.getpid())]
+    command += ["--url", server.grpc_url]
+    # The key reaches it in its environment (a random one made by Server if none was given).
+    return subprocess.Popen(command, env={**os.environ, ADMIN_KEY_ENV: server.config.admin_key})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Prepare and exec tritonserver (this process becomes the server: signals reach it)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     gpus = gpu_info.discover()
     config = server_config(argv, dict(os.environ), gpus)
+    supervise = add_supervision(config, dict(os.environ))
     if config.model_config_name == ENGINE_CONFIG:
         cache = Path(os.environ.get("TRITON_ENGINE_CACHE", "/engines"))
         config.engines = ensure_engines(MODEL_REPOSITORY, cache, gpus)
@@ -122,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = Server(config)
     server.prepare()
     command = server.command()
+    if supervise:
+        start_supervisor(server)
     log.info("exec %s", " ".join(command))
     os.execvpe(command[0], command, server.environment())
     return 0  # not reached

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,3 +38,33 @@ def prometheus_tool(name: str) -> str:
             f"(apt-get install -y --no-install-recommends prometheus), or set ${name.upper()}"
         )
     return found
+
+
+# tritonserver 2.51 sometimes aborts when a Python-backend stub is SIGKILLed under load: a
+# python_backend thread gets boost::interprocess::lock_exception (the stub died holding the lock
+# of a shared-memory queue it shares with the server), nothing catches it, and the whole server
+# terminates (2 of 21 kills measured). Tests that kill stubs raise TritonAbortError in that case
+# only, and are marked to be rerun for it: @pytest.mark.flaky(reruns=2, only_rerun=[...]).
+KNOWN_ABORT = "boost::interprocess::lock_exception"
+RERUN_KNOWN_ABORT = {"reruns": 2, "only_rerun": ["TritonAbortError"]}
+
+
+class TritonAbortError(RuntimeError):
+    """tritonserver died of the known python_backend abort (``KNOWN_ABORT`` in its output)."""
+
+
+@contextlib.contextmanager
+def known_abort_raised(output: Callable[[], str]):
+    """Turn whatever fails in the block into ``TritonAbortError`` if ``output()`` shows the abort.
+
+    Args:
+        output: reads what the server wrote so far (its log file, or captured lines).
+    """
+    try:
+        yield
+    except Exception as exc:
+        if KNOWN_ABORT in output():
+            raise TritonAbortError(f"tritonserver aborted: {KNOWN_ABORT}") from exc
+        raise
+    if KNOWN_ABORT in output():
+        raise TritonAbortError(f"tritonserver aborted: {KNOWN_ABORT}")

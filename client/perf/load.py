@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from server.process import argv, children, stub_model
+
 # Triton 2.51's messages for requests its dynamic batcher refuses (queue policy).
 QUEUE_FULL = "Exceeds maximum queue size"
 QUEUE_TIMEOUT = "Request timeout expired"
-STUB_NAME = "triton_python_backend_stub"
 
 
 @dataclass
@@ -246,60 +247,6 @@ def grpc_submitter(
 
 
 # Processes -----------------------------------------------------------------------------------
-def children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (Python-backend stubs are children of tritonserver)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: the ppid follows the last ")".
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def argv(pid: int) -> list[str]:
-    """The process's arguments ([] if it is gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def stub_model(pid: int) -> tuple[str, str] | None:
-    """(model, version) served by a Python-backend stub process, None for any other process.
-
-    The stub's first argument is its model file, ``<repository>/<model>/<version>/model.py``.
-    Only that argument is looked at: the rest of the command line holds other paths (the
-    backend directory, the repository's own folders) that could contain a model's name.
-    """
-    args = argv(pid)
-    if len(args) < 2 or not args[0].endswith(STUB_NAME):
-        return None
-    parts = Path(args[1]).parts
-    return (parts[-3], parts[-2]) if len(parts) >= 3 else None
-
-
-def stub_pids(server_pid: int, model: str | None = None) -> list[int]:
-    """Python-backend stub processes of a server, optionally only those of one model."""
-    pids = []
-    for pid in children(server_pid):
-        served = stub_model(pid)
-        if served is not None and (model is None or served[0] == model):
-            pids.append(pid)
-    return pids
-
-
 def label(pid: int) -> str:
     """``tokenize/1`` for a stub, else the program's file name (``tritonserver``)."""
     served = stub_model(pid)

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from client.classify import ClassifyClient
+from pipelines import samples
 from server import __main__ as server_cli
-from server import launcher
+from server import launcher, process
 from server.launcher import ADMIN_APIS, Server, ServerConfig, ServerStartError
+from tests.helpers import RERUN_KNOWN_ABORT, known_abort_raised
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,6 +178,7 @@ def test_foreground_server_prints_endpoints_and_stops_on_ctrl_c(classifier_onnx)
         assert "gRPC     127.0.0.1:" in output and "metrics  http://127.0.0.1:" in output
         assert "admin    model-repository, shared-memory, logging, trace need header " in output
         assert "'admin-key: $TRITON_ADMIN_KEY'" in output and key not in output
+        assert "stubs    a dead one gets its model reloaded" in output
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:
@@ -190,3 +194,52 @@ def test_foreground_server_prints_a_key_it_made_once():
     assert line.count("made-at-start-0123456789") == 1
     assert "'admin-key: made-at-start-0123456789'" in line
     assert "OPEN" in server_cli._admin_line(Server(ServerConfig(restricted_apis=())), None)
+
+
+@pytest.mark.flaky(**RERUN_KNOWN_ABORT)
+def test_foreground_server_reloads_a_model_whose_stub_died(classifier_onnx):
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "server", "--http-port=0", "--grpc-port=0", "--metrics-port=0"),
+            *("--", "--exit-timeout-secs=3"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    binary = launcher.find_installation().binary
+
+    def read_until(text: str, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "server exited early:\n" + "".join(lines)
+            lines.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} within {seconds} s:\n" + "".join(lines))
+
+    try:
+        read_until("Ctrl-C stops it", 120)
+        (triton,) = (p for p in process.children(proc.pid) if process.argv(p)[:1] == [str(binary)])
+        (victim,) = process.stub_pids(triton, "postprocess")
+        with known_abort_raised(lambda: "".join(lines)):
+            os.kill(victim, signal.SIGKILL)  # idle: no request in flight
+            read_until("postprocess reloaded in", 60)
+        (new,) = process.stub_pids(triton, "postprocess")
+        url = "".join(lines).split("HTTP     http://")[1].split("/")[0]
+        with ClassifyClient(url) as client:
+            result = client.classify([samples.photo_bytes("chelsea")])
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines)
+    assert f"stub of postprocess/1 (pid {victim}) died; reloading postprocess" in output
+    assert new != victim and result
+    # A stub that died idle leaves nothing behind: the server stops cleanly (one that dies
+    # mid-request leaves an instance that never unloads: tests/integration/test_faults.py).
+    assert proc.returncode == 0 and "stopped (exit status 0)" in rest, rest
