@@ -31,6 +31,13 @@ def _add_connection_args(parser: argparse.ArgumentParser) -> None:
         "--url", help="host:port of the server (default: localhost:8000 http, :8001 grpc)"
     )
     parser.add_argument("--protocol", choices=connection.PROTOCOLS, default="http")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="request priority where a model has priority levels (1 first; 0: its default), "
+        "e.g. interactive 1 on a server run with --model-config-name=local-shared",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,7 +84,7 @@ def classify(args: argparse.Namespace) -> int:
         images = [path.read_bytes() for path in args.images]
     except OSError as exc:
         raise connection.ClientError(f"cannot read {exc.filename}: {exc.strerror}") from None
-    with ClassifyClient(args.url, args.protocol) as client:
+    with ClassifyClient(args.url, args.protocol, priority=args.priority) as client:
         client.check_ready()
         predictions = client.classify(images, top_k=args.top_k)
     for path, prediction in zip(args.images, predictions, strict=True):
@@ -97,7 +104,9 @@ def embed(args: argparse.Namespace) -> int:
         texts = embed_client.read_texts(args.file)
 
         async def run():
-            async with embed_client.AsyncEmbedClient(args.url, args.protocol, args.model) as c:
+            async with embed_client.AsyncEmbedClient(
+                args.url, args.protocol, args.model, args.priority
+            ) as c:
                 await c.check_ready()
                 return await embed_client.embed_many(
                     c, texts, args.batch_size, args.concurrency, embed_client.Progress()
@@ -109,7 +118,7 @@ def embed(args: argparse.Namespace) -> int:
         return 0
     if not args.texts:
         raise connection.ClientError("give texts as arguments, or --file")
-    with embed_client.EmbedClient(args.url, args.protocol, args.model) as client:
+    with embed_client.EmbedClient(args.url, args.protocol, args.model, args.priority) as client:
         client.check_ready()
         vectors = client.embed(args.texts)
     for text, vector in zip(args.texts, vectors, strict=True):

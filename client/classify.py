@@ -58,8 +58,14 @@ def parse(result) -> list[Prediction]:
 class ClassifyClient(connection.ModelClient):
     """Synchronous client (HTTP or gRPC); a context manager that closes its connection."""
 
-    def __init__(self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE):
-        super().__init__(url, protocol, model)
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        model: str = spec.ENSEMBLE,
+        priority: int = 0,
+    ):
+        super().__init__(url, protocol, model, priority)
 
     def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images (one request; up to the model's max_batch_size)."""
@@ -70,8 +76,14 @@ class ClassifyClient(connection.ModelClient):
 class AsyncClassifyClient(connection.AsyncModelClient):
     """asyncio client (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
 
-    def __init__(self, url: str | None = None, protocol: str = "http", model: str = spec.ENSEMBLE):
-        super().__init__(url, protocol, model)
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        model: str = spec.ENSEMBLE,
+        priority: int = 0,
+    ):
+        super().__init__(url, protocol, model, priority)
 
     async def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images in one request."""

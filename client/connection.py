@@ -71,10 +71,15 @@ def make_outputs(mod: ModuleType, names):
 
 
 class ModelClient:
-    """Synchronous client of one model (HTTP or gRPC); a context manager."""
+    """Synchronous client of one model (HTTP or gRPC); a context manager.
 
-    def __init__(self, url: str | None, protocol: str, model: str):
+    ``priority`` goes with every request: where the model (or an ensemble step) has priority
+    levels, 1 is served first; 0 means the model's default level.
+    """
+
+    def __init__(self, url: str | None, protocol: str, model: str, priority: int = 0):
         self.protocol = protocol
+        self.priority = priority
         self.url = url or default_url(protocol)
         self.model = model
         self.mod = module(protocol)
@@ -94,7 +99,7 @@ class ModelClient:
         from tritonclient.utils import InferenceServerException
 
         try:
-            return self._client.infer(self.model, inputs, outputs=outputs)
+            return self._client.infer(self.model, inputs, outputs=outputs, priority=self.priority)
         except InferenceServerException as exc:
             raise infer_error(self.model, exc) from None
 
@@ -110,10 +115,14 @@ class ModelClient:
 
 
 class AsyncModelClient:
-    """asyncio client of one model (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
+    """asyncio client of one model (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``).
 
-    def __init__(self, url: str | None, protocol: str, model: str):
+    ``priority`` as for ``ModelClient``.
+    """
+
+    def __init__(self, url: str | None, protocol: str, model: str, priority: int = 0):
         self.protocol = protocol
+        self.priority = priority
         self.url = url or default_url(protocol)
         self.model = model
         self.mod = module(protocol, asyncio=True)
@@ -133,7 +142,9 @@ class AsyncModelClient:
         from tritonclient.utils import InferenceServerException
 
         try:
-            return await self._client.infer(self.model, inputs, outputs=outputs)
+            return await self._client.infer(
+                self.model, inputs, outputs=outputs, priority=self.priority
+            )
         except InferenceServerException as exc:
             raise infer_error(self.model, exc) from None
 

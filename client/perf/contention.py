@@ -1,31 +1,34 @@
 """Contention: interactive embedding queries on a server saturated by images and bulk embeddings.
 
 ``python -m client.perf.contention`` starts one tritonserver (explicit model control,
-``--rate-limit=execution_count``) and measures, in one run, each serving setup below while three
-streams share the server's core:
+``--rate-limit=execution_count``, the ``local-shared`` configs) and measures, in one run, each
+serving setup below while three streams share the server's core:
 
 * **images**: the classifier saturated by a closed loop of single images (its own process);
 * **bulk**: embeddings of unique documents, a deep closed loop on the encoder (its own process);
-* **queries**: interactive embeddings, one at a time, paced, whose latency is what we protect.
+* **queries**: interactive ``embed`` requests (``client.embed.EmbedClient``), one at a time,
+  paced, each text new (no cache hit), whose latency is what we protect.
 
-Setups (config overrides loaded through the model-control API, nothing else changes):
+Setups: ``both`` is ``configs/local-shared.pbtxt`` of the classifier and the encoder as they
+are; the others take something out of it (overrides loaded through the model-control API):
 
-* ``none``: the repository's configs, no priority on requests;
+* ``none``: no rate-limiter resources, no priority levels, queries without a priority;
 * ``priority``: the encoder's batcher with 2 priority levels (default 2), queries sent with
   priority 1: a query goes to the head of the encoder's queue instead of behind the bulk backlog;
 * ``limiter``: classifier and encoder instances each need the one global ``cpu_slot``, the
-  encoder with rate-limiter priority 1 (twice the classifier's chances): their executions no
-  longer overlap on the core;
+  encoder with rate-limiter priority 100 (twice the turns of the classifier's 200): their
+  executions no longer overlap on the core;
 * ``both``: limiter and priorities: a query skips the backlog *and* waits for at most one
   execution in progress instead of sharing the core with all of them.
 
-Every setup serves the encoder with ``ENCODER_INSTANCES`` instances (see there). Before the
-setups, the queries run ``alone`` (no background) for reference.
+Every setup serves the encoder with the two instances of ``local-shared`` (that file says why).
+Before the setups, the queries run ``alone`` (no background) for reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from client.embed import EmbedClient
 from client.perf import load
 from pipelines import classification as cspec
 from pipelines import embedding as espec
@@ -45,21 +49,16 @@ from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
 
-RESOURCE = "cpu_slot"
+SHARED_CONFIG = "local-shared"  # configs/local-shared.pbtxt: the "both" setup
+RESOURCE = "cpu_slot"  # the rate-limiter resource those configs name; the server has one
 SETUPS = ("none", "priority", "limiter", "both")
 ALONE = "alone"  # the queries with no background: what "keeps its p99" is measured against
-# Priority levels switch tritonserver's batch prefetching off (``PriorityQueue``, Triton core
-# src/scheduler_utils.cc); the batcher then forms a batch only when an instance is waiting for
-# one. With a single instance the wake-up sent when it finishes can come before it is back
-# waiting, and the batcher then sleeps until the next arrival or 0.5 s: the closed-loop streams
-# here have nothing left to send, so queries were held ~0.5 s (p99 527-580 ms measured). With
-# two instances the other one's completion wakes the batcher. Same count in every setup.
-ENCODER_INSTANCES = 2
 IMAGE_CONCURRENCY = 4
 BULK_CONCURRENCY = 32
 QUERY_INTERVAL_S = 0.02
 QUERY_PRIORITY = 1  # the higher of the encoder's two levels (1 is served first)
-BULK_PRIORITY = 2  # = default_priority_level: what requests without a priority get
+# Every query text is new, in every setup and round: embed's response cache answers none.
+_QUERY_SERIAL = itertools.count()
 
 
 def server_config(cpus: list[int] | None = None) -> ServerConfig:
@@ -73,6 +72,7 @@ def server_config(cpus: list[int] | None = None) -> ServerConfig:
         grpc_port=0,
         metrics_port=0,
         cpus=cpus,
+        model_config_name=SHARED_CONFIG,
         extra_args=[
             "--model-control-mode=explicit",
             "--load-model=*",
@@ -82,25 +82,20 @@ def server_config(cpus: list[int] | None = None) -> ServerConfig:
     )
 
 
-def configs(setup: str, config_name: str | None) -> dict:
-    """The classifier and encoder configs of one setup (the repository's, changed)."""
+def configs(setup: str) -> dict:
+    """The classifier and encoder configs of one setup: ``local-shared``, less what it drops."""
     out = {}
-    for model, slot_priority in ((cspec.CLASSIFIER, 2), (espec.ENCODER, 1)):
-        config = model_config.resolve(MODEL_REPOSITORY / model, config_name)
+    for model in (cspec.CLASSIFIER, espec.ENCODER):
+        config = model_config.resolve(MODEL_REPOSITORY / model, SHARED_CONFIG)
         for group in config.instance_group:
-            if model == espec.ENCODER:
-                group.count = ENCODER_INSTANCES
-            group.ClearField("rate_limiter")
-            if setup in ("limiter", "both"):
-                resource = group.rate_limiter.resources.add()
-                resource.name, resource.count = RESOURCE, 1
-                group.rate_limiter.priority = slot_priority
-        batching = config.dynamic_batching
-        batching.ClearField("priority_levels")
-        batching.ClearField("default_priority_level")
-        if setup in ("priority", "both") and model == espec.ENCODER:
-            batching.priority_levels = 2
-            batching.default_priority_level = BULK_PRIORITY
+            names = {r.name for r in group.rate_limiter.resources}
+            if names != {RESOURCE}:
+                raise ValueError(f"{model}: {SHARED_CONFIG} must ask for {RESOURCE}, not {names}")
+            if setup in ("none", "priority"):
+                group.ClearField("rate_limiter")
+        if setup in ("none", "limiter"):
+            config.dynamic_batching.ClearField("priority_levels")
+            config.dynamic_batching.ClearField("default_priority_level")
         out[model] = config
     return out
 
@@ -108,7 +103,7 @@ def configs(setup: str, config_name: str | None) -> dict:
 def apply(server: Server, client, setup: str) -> None:
     """Load one setup's configs (and reload ``embed``, which pins the encoder)."""
     headers = server.admin_headers("grpc")
-    for model, config in configs(setup, server.config.model_config_name).items():
+    for model, config in configs(setup).items():
         client.load_model(model, config=model_config.to_json(config), headers=headers)
     client.load_model(espec.ENSEMBLE, headers=headers)
 
@@ -172,13 +167,15 @@ def measure(server: Server, setup: str, seconds: float) -> Result:
     """
     import tritonclient.grpc as grpc
 
-    with grpc.InferenceServerClient(server.grpc_url) as client:
-        apply(server, client, "none" if setup == ALONE else setup)
-        priority = QUERY_PRIORITY if setup in ("priority", "both") else 0
-        inputs = _encoder_inputs(grpc, "a cat sleeping on a sofa")
+    priority = QUERY_PRIORITY if setup in ("priority", "both") else 0
+    with (
+        grpc.InferenceServerClient(server.grpc_url) as admin,
+        EmbedClient(server.grpc_url, "grpc", priority=priority) as client,
+    ):
+        apply(server, admin, "none" if setup == ALONE else setup)
 
         def query(_worker: int) -> None:
-            client.infer(espec.ENCODER, inputs, model_version="1", priority=priority)
+            client.embed([f"a cat sleeping on a sofa (query {next(_QUERY_SERIAL)})"])
             time.sleep(QUERY_INTERVAL_S)
 
         for _ in range(10):

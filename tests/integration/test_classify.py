@@ -205,7 +205,8 @@ def test_cli_prints_labels_and_scores(server, photos, tmp_path, protocol):
     cat = tmp_path / "chelsea.jpg"
     cat.write_bytes(photos["chelsea"])
     done = run_cli(
-        "classify", str(cat), "--url", url(server, protocol), "--protocol", protocol, "--top-k", "3"
+        *("classify", str(cat), "--url", url(server, protocol), "--protocol", protocol),
+        *("--top-k", "3", "--priority", "1"),
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -176,6 +176,8 @@ def test_cli_embeds_arguments_and_files(server, tmp_path):
         "16",
         "--concurrency",
         "4",
+        "--priority",  # passed to Triton with every request; the encoder here has no levels
+        "1",
     )
     assert done.returncode == 0, done.stderr
     vectors = np.load(out)
