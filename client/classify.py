@@ -58,14 +58,7 @@ def parse(result) -> list[Prediction]:
 class ClassifyClient(connection.ModelClient):
     """Synchronous client (HTTP or gRPC); a context manager that closes its connection."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        protocol: str = "http",
-        model: str = spec.ENSEMBLE,
-        priority: int = 0,
-    ):
-        super().__init__(url, protocol, model, priority)
+    default_model = spec.ENSEMBLE
 
     def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images (one request; up to the model's max_batch_size)."""
@@ -76,14 +69,7 @@ class ClassifyClient(connection.ModelClient):
 class AsyncClassifyClient(connection.AsyncModelClient):
     """asyncio client (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        protocol: str = "http",
-        model: str = spec.ENSEMBLE,
-        priority: int = 0,
-    ):
-        super().__init__(url, protocol, model, priority)
+    default_model = spec.ENSEMBLE
 
     async def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images in one request."""

@@ -73,15 +73,24 @@ def make_outputs(mod: ModuleType, names):
 class ModelClient:
     """Synchronous client of one model (HTTP or gRPC); a context manager.
 
-    ``priority`` goes with every request: where the model (or an ensemble step) has priority
-    levels, 1 is served first; 0 means the model's default level.
+    ``model`` defaults to the subclass's ``default_model``. ``priority`` goes with every
+    request: where the model (or an ensemble step) has priority levels, 1 is served first; 0
+    means the model's default level.
     """
 
-    def __init__(self, url: str | None, protocol: str, model: str, priority: int = 0):
+    default_model = ""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        model: str | None = None,
+        priority: int = 0,
+    ):
         self.protocol = protocol
         self.priority = priority
         self.url = url or default_url(protocol)
-        self.model = model
+        self.model = model or self.default_model
         self.mod = module(protocol)
         self._client = self.mod.InferenceServerClient(self.url)
 
@@ -117,14 +126,22 @@ class ModelClient:
 class AsyncModelClient:
     """asyncio client of one model (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``).
 
-    ``priority`` as for ``ModelClient``.
+    ``model`` and ``priority`` as for ``ModelClient``.
     """
 
-    def __init__(self, url: str | None, protocol: str, model: str, priority: int = 0):
+    default_model = ""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        model: str | None = None,
+        priority: int = 0,
+    ):
         self.protocol = protocol
         self.priority = priority
         self.url = url or default_url(protocol)
-        self.model = model
+        self.model = model or self.default_model
         self.mod = module(protocol, asyncio=True)
         self._client = self.mod.InferenceServerClient(self.url)
 

@@ -37,14 +37,7 @@ def parse(result) -> np.ndarray:
 class EmbedClient(connection.ModelClient):
     """Synchronous client (HTTP or gRPC)."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        protocol: str = "http",
-        model: str = spec.ENSEMBLE,
-        priority: int = 0,
-    ):
-        super().__init__(url, protocol, model, priority)
+    default_model = spec.ENSEMBLE
 
     def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in one request (up to the model's max_batch_size)."""
@@ -55,14 +48,7 @@ class EmbedClient(connection.ModelClient):
 class AsyncEmbedClient(connection.AsyncModelClient):
     """asyncio client (HTTP or gRPC)."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        protocol: str = "http",
-        model: str = spec.ENSEMBLE,
-        priority: int = 0,
-    ):
-        super().__init__(url, protocol, model, priority)
+    default_model = spec.ENSEMBLE
 
     async def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in one request."""
