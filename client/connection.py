@@ -70,8 +70,8 @@ def make_outputs(mod: ModuleType, names):
     return [mod.InferRequestedOutput(n) for n in names]
 
 
-class ModelClient:
-    """Synchronous client of one model (HTTP or gRPC); a context manager.
+class _Connection:
+    """What both clients hold: the tritonclient module and client for one model.
 
     ``model`` defaults to the subclass's ``default_model``. ``priority`` goes with every
     request: where the model (or an ensemble step) has priority levels, 1 is served first; 0
@@ -79,6 +79,7 @@ class ModelClient:
     """
 
     default_model = ""
+    asyncio = False  # tritonclient.http.aio / tritonclient.grpc.aio when True
 
     def __init__(
         self,
@@ -91,8 +92,12 @@ class ModelClient:
         self.priority = priority
         self.url = url or default_url(protocol)
         self.model = model or self.default_model
-        self.mod = module(protocol)
+        self.mod = module(protocol, asyncio=self.asyncio)
         self._client = self.mod.InferenceServerClient(self.url)
+
+
+class ModelClient(_Connection):
+    """Synchronous client of one model (HTTP or gRPC); a context manager."""
 
     def check_ready(self) -> None:
         """Raise ClientError unless the server answers and the model is ready."""
@@ -123,27 +128,10 @@ class ModelClient:
         self.close()
 
 
-class AsyncModelClient:
-    """asyncio client of one model (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``).
+class AsyncModelClient(_Connection):
+    """asyncio client of one model (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
 
-    ``model`` and ``priority`` as for ``ModelClient``.
-    """
-
-    default_model = ""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        protocol: str = "http",
-        model: str | None = None,
-        priority: int = 0,
-    ):
-        self.protocol = protocol
-        self.priority = priority
-        self.url = url or default_url(protocol)
-        self.model = model or self.default_model
-        self.mod = module(protocol, asyncio=True)
-        self._client = self.mod.InferenceServerClient(self.url)
+    asyncio = True
 
     async def check_ready(self) -> None:
         """Raise ClientError unless the server answers and the model is ready."""
