@@ -64,8 +64,9 @@ _QUERY_SERIAL = itertools.count()
 def server_config(cpus: list[int] | None = None) -> ServerConfig:
     """A server whose models can be reloaded with overrides, with the rate limiter on.
 
-    With ``execution_count`` on, instances that declare no resources run as soon as they are
-    free, as with the limiter off: the ``none`` and ``priority`` setups are unaffected by it.
+    With ``execution_count`` on, instances that declare no resources still queue in the rate
+    limiter, behind its head (encoder/configs/local-shared.pbtxt). In ``none`` and ``priority``
+    no instance asks for the slot, so none waits for another there.
     """
     return ServerConfig(
         http_port=0,
