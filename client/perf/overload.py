@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from client import classify, embed
 from client.perf import load
 from pipelines import classification as cspec
 from pipelines import embedding as espec
@@ -44,13 +43,10 @@ SHED_CONFIG = "local-shed"
 
 def image_inputs(grpc) -> Callable[[int], list]:
     """``make_inputs(i)``: photo ``i`` of the samples, cycling (one encoded image per request)."""
-    tensors = []
-    for name in samples.PHOTOS:
-        tensor = grpc.InferInput(cspec.IMAGE, [1, 1], "BYTES")
-        data = np.array([samples.photo_bytes(name)], dtype=np.object_).reshape(1, 1)
-        tensor.set_data_from_numpy(data)
-        tensors.append(tensor)
-    return lambda i: [tensors[i % len(tensors)]]
+    tensors = [
+        classify.build_inputs(grpc, [samples.photo_bytes(name)], None) for name in samples.PHOTOS
+    ]
+    return lambda i: tensors[i % len(tensors)]
 
 
 def text_inputs(grpc) -> Callable[[int], list]:
@@ -63,9 +59,7 @@ def text_inputs(grpc) -> Callable[[int], list]:
 
     def make(i: int) -> list:
         text = f"{text_samples.SENTENCES[i % len(text_samples.SENTENCES)]} (#{next(serial)})"
-        tensor = grpc.InferInput(espec.TEXT, [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_).reshape(1, 1))
-        return [tensor]
+        return embed.build_inputs(grpc, [text])
 
     return make
 
