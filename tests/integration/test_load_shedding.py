@@ -42,12 +42,13 @@ def test_at_4x_capacity_every_request_is_answered_excess_refused_fast_goodput_he
     assert report["offered"] >= 3.5 * report["capacity"]  # really overloaded
     assert report["sent"] == report["answered"] and report["hung"] == 0
     assert set(report["errors"]) <= {"queue-full", "queue-timeout"}
-    # Goodput: the server keeps doing useful work at its capacity (classify: 0.91-1.07x; embed:
-    # 1.5x, its batches fill better than at the concurrency of 4 that measures capacity). With
-    # one instance per shedding step the same small queue collapsed classify to 17-36 req/s on
-    # 2.51 (see preprocess/configs/local-shed.pbtxt).
+    # Goodput: the server keeps doing useful work near its capacity. Measured: classify
+    # 0.93-1.27x in 30 runs of 5 s, 0.75x once in CI (a tail this bound must not flake on);
+    # embed 1.5x, its batches fill better than at the concurrency of 4 that measures capacity.
+    # What this guards against: with one instance per shedding step the same small queue
+    # collapsed classify to 17-36 req/s (0.17-0.36x) on 2.51 (preprocess/configs/local-shed).
     admitted_per_s = report["ok"] / report["seconds"]
-    assert admitted_per_s >= 0.8 * report["capacity"], (admitted_per_s, report["capacity"])
+    assert admitted_per_s >= 0.6 * report["capacity"], (admitted_per_s, report["capacity"])
     assert report["ok_ms"]["p99"] <= report["slo_ms"]
     # The excess is refused at once, before the costly work is spent on it (measured: every
     # rejection "queue-full", p99 5.6-19.2 ms, max 25 ms). The timeouts are a backstop.
