@@ -43,8 +43,9 @@ $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX): $(ENCODER_ONNX)
 
 models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX)
 
+# SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000".
 serve: models
-	$(PY) -m server --host $(HOST)
+	$(PY) -m server --host $(HOST) $(SERVE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

@@ -20,9 +20,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 from server.launcher import (
@@ -33,6 +32,7 @@ from server.launcher import (
     ServerConfig,
     ServerStartError,
 )
+from server.process import StartInterruptedError, StopRequests
 from server.supervisor import StubSupervisor, explicit_control
 
 
@@ -86,12 +86,20 @@ def _admin_line(server: Server, shown_key: str | None) -> str:
     )
 
 
-def _raise_interrupt(*_) -> None:
-    raise KeyboardInterrupt
+# Seconds tritonserver may drain in-flight requests once asked to stop, then the time it has to
+# unload its models before it is killed: a stop by signal ends within 15 s.
+EXIT_TIMEOUT_S = 5
+STOP_TIMEOUT_S = 12
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM."""
+    """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM.
+
+    A first SIGINT/SIGTERM stops the server (during start-up too); a second one while it stops
+    kills it and its stubs at once. Either way nothing it started is left running.
+    """
+    # First of all: a signal from now on is counted, never raised in the middle of something.
+    stops = StopRequests().install()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
     extra, supervise = args.extra, False
@@ -101,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             print("note: model-control mode is not explicit: no stub supervisor", flush=True)
         else:
             extra, supervise = controlled, True
+    if not any(a.startswith("--exit-timeout-secs") for a in extra):
+        extra = [f"--exit-timeout-secs={EXIT_TIMEOUT_S}", *extra]
     config = ServerConfig(
         model_repository=args.model_repository.resolve(),
         host=args.host,
@@ -123,21 +133,38 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # While starting, SIGTERM acts like Ctrl-C: start() stops the half-started server.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        server.start(timeout=args.timeout)
+        server.start(timeout=args.timeout, stop_requests=stops)
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except StartInterruptedError:
         print("interrupted during start-up; server stopped", file=sys.stderr)
         return 130
-    supervisor = StubSupervisor.of(server).start() if supervise else None
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    print(
+    supervisor = None
+    try:
+        if supervise and not stops.count:
+            supervisor = StubSupervisor.of(server).start()
+        if not stops.count:
+            print(_banner(server, supervisor, shown_key), flush=True)
+        exited = _follow_log(server, stops)
+    finally:
+        # Reached on a signal, on the server's exit and on any error above: always stop.
+        if supervisor:
+            supervisor.stop(timeout=2)
+        if server.running():
+            print("stopping tritonserver ...", flush=True)
+        code = server.stop(timeout=STOP_TIMEOUT_S, stop_requests=stops)
+    if exited:
+        print(f"tritonserver exited ({code})\n{server.log_tail()}")
+        return 1
+    print(f"stopped (exit status {code})")
+    return 0
+
+
+def _banner(server: Server, supervisor: StubSupervisor | None, shown_key: str | None) -> str:
+    config = server.config
+    return (
         f"tritonserver ready ({server.installation.binary}, "
         f"model config: {config.model_config_name or 'config.pbtxt'})\n"
         f"  HTTP     http://{server.http_url}/v2/models/{{classify,embed}}\n"
@@ -146,25 +173,21 @@ def main(argv: list[str] | None = None) -> int:
         f"  admin    {_admin_line(server, shown_key)}\n"
         f"  stubs    {'a dead one gets its model reloaded' if supervisor else 'not supervised'}\n"
         f"  log      {server.log_path}\n"
-        "Ctrl-C stops it.",
-        flush=True,
+        "Ctrl-C stops it."
     )
+
+
+def _follow_log(server: Server, stops: StopRequests) -> bool:
+    """Print what the server logs (tail -f) until a stop is requested; True if it exited."""
     with open(server.log_path, errors="replace") as log_file:
-        log_file.seek(0, 2)  # follow what the server logs from now on (tail -f)
-        while not stop.wait(0.5):
+        log_file.seek(0, 2)
+        while not stops.count:
             sys.stdout.write(log_file.read())
             sys.stdout.flush()
-            if server.process.poll() is not None:
-                break
-    if supervisor:
-        supervisor.stop()
-    if server.process.poll() is not None:
-        print(f"tritonserver exited ({server.process.returncode})\n{server.log_tail()}")
-        return 1
-    print("stopping tritonserver ...", flush=True)
-    code = server.stop()
-    print(f"stopped (exit status {code})")
-    return 0
+            if not server.running():
+                return True
+            time.sleep(0.2)
+    return False
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ class Server(ManagedProcess):
         # What tritonserver loads: the repository itself, or for GPU configs a linked copy
         # whose instance groups name this machine's GPUs (made in prepare()).
         self.repository = self.config.model_repository
+        self._materialized: Path | None = None
 
     # Endpoints -----------------------------------------------------------------------------
     @property
@@ -310,6 +311,11 @@ class Server(ManagedProcess):
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
                 p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
             )
+        # Stubs would write __pycache__ into the model folders as they load, and 2.51 takes a
+        # model whose folder changed after its load for modified: the next load of an ensemble
+        # would reload every step (7 loads instead of 2), and unloading several Python
+        # instances at once is where 2.51 has been seen to abort.
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         # One shared copy of the project's packages, however the stub's cwd is set.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         return env
@@ -324,6 +330,7 @@ class Server(ManagedProcess):
             install_python_stub(self.installation)
         if (c.model_config_name or "").startswith("gpu"):
             target = Path(tempfile.mkdtemp(prefix="triton-repository-"))
+            self._materialized = target
             self.repository = repository.materialize(
                 c.model_repository,
                 target,
@@ -332,3 +339,9 @@ class Server(ManagedProcess):
                 c.instances_per_gpu,
                 c.engines,
             )
+
+    def cleanup(self) -> None:
+        """Remove the linked repository copy that ``prepare`` made for GPU configs."""
+        if self._materialized is not None:
+            shutil.rmtree(self._materialized, ignore_errors=True)
+            self._materialized = None

@@ -192,12 +192,14 @@ class Nginx(ManagedProcess):
             "daemon off;",
         ]
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """Stop nginx (SIGTERM is its fast shutdown) and remove the prefix."""
-        code = super().stop(timeout)
+    def stop(self, timeout: float = 10.0, stop_requests=None) -> int | None:
+        """Stop nginx (SIGTERM is its fast shutdown); the prefix goes with it."""
+        return super().stop(timeout, stop_requests)
+
+    def cleanup(self) -> None:
+        """Remove the prefix (config, temp files)."""
         if self.prefix is not None:
             shutil.rmtree(self.prefix, ignore_errors=True)
-        return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

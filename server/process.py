@@ -10,11 +10,14 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from server import guard
 
 log = logging.getLogger(__name__)
 
@@ -28,19 +31,57 @@ def client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
+class StartInterruptedError(Exception):
+    """A stop was requested (a signal) while the process was starting; it has been stopped."""
+
+
+class StopRequests:
+    """Counts SIGINT/SIGTERM without taking a lock, so a handler can never deadlock.
+
+    A handler that calls ``threading.Event.set()`` can block for ever: it runs in the main
+    thread between two bytecodes, possibly while that thread holds the same Event's lock inside
+    ``wait()``. Counting is all a handler does here; the code that waits polls ``count``.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def install(self, signals=(signal.SIGINT, signal.SIGTERM)) -> StopRequests:
+        """Make these signals count here (main thread only)."""
+        for sig in signals:
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+
+
+GUARD_SCRIPT = Path(guard.__file__)
+
+
 class ManagedProcess:
     """Subclasses give ``command()``, ``ready_url`` and optionally ``environment()``/``prepare()``.
 
-    Use as a context manager, or call ``start()`` and ``stop()``.
+    Use as a context manager, or call ``start()`` and ``stop()``. The process runs in a process
+    group of its own (with whatever it starts), watched by a guard process (``server/guard.py``)
+    that stops the group if this program dies and sweeps it if the process itself dies.
+
+    Without ``log_path`` the log goes to a temp file made at start; a clean stop removes it, a
+    failed start or exit keeps it and logs where it is.
     """
 
     name = "server"
     poll_interval = 0.25
+    # Seconds the guard gives the process to stop on SIGTERM once its owner is gone.
+    guard_grace_s = 10.0
 
     def __init__(self, log_path: Path | None = None):
         self.process: subprocess.Popen | None = None
         self._own_log = log_path is None
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")[1])
+        self.log_path = log_path
+        self._guard: subprocess.Popen | None = None
+        self._failed = False
+        self._stopped = False
 
     def command(self) -> list[str]:
         """The command line to run."""
@@ -58,45 +99,78 @@ class ManagedProcess:
     def prepare(self) -> None:
         """Called before launching (pick ports, install files)."""
 
-    def start(self, timeout: float = 120.0, cwd: Path | None = None):
+    def cleanup(self) -> None:
+        """Called after the process has stopped (remove what ``prepare`` made)."""
+
+    def start(
+        self,
+        timeout: float = 120.0,
+        cwd: Path | None = None,
+        stop_requests: StopRequests | None = None,
+    ):
         """Start the process and wait until ``ready_url`` answers 200.
+
+        Args:
+            timeout: seconds to wait for readiness.
+            cwd: working directory of the process.
+            stop_requests: signals counted meanwhile; one stops the start.
 
         Raises:
             ServerStartError: the process exited or was not ready within ``timeout``; the
                 message ends with the tail of its log.
+            StartInterruptedError: ``stop_requests`` counted a signal; the process has been stopped.
         """
-        self.prepare()
-        command = self.command()
-        log.info("starting %s", " ".join(command))
-        with open(self.log_path, "wb") as log_file:
-            self.process = subprocess.Popen(
-                command,
-                cwd=cwd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                # Its own session: a Ctrl-C reaches only us, and we stop it cleanly.
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        try:
+            self.prepare()
+            command = self.command()
+            log.info("starting %s", " ".join(command))
+            with open(self.log_path, "wb") as log_file:
+                self.process = subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=self.environment(),
+                    # Its own session: a Ctrl-C reaches only us, and we stop it cleanly. The
+                    # group is what the guard and stop() sweep.
+                    start_new_session=True,
+                )
+            self._guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(GUARD_SCRIPT), *self._guard_args()],
+                stdin=subprocess.PIPE,
                 start_new_session=True,
             )
-        try:
-            self.wait_ready(timeout)
+            self.wait_ready(timeout, stop_requests)
+        except StartInterruptedError:
+            self.stop(stop_requests=stop_requests)
+            raise
         except BaseException:
-            self.stop()
+            self._failed = True
+            self.stop(stop_requests=stop_requests)
             raise
         return self
 
-    def is_ready(self) -> bool:
-        """True if ``ready_url`` answers 200."""
+    def _guard_args(self) -> list[str]:
+        return [str(self.process.pid), str(self.guard_grace_s)]
+
+    def is_ready(self, timeout_s: float = 2.0) -> bool:
+        """True if ``ready_url`` answers 200 within ``timeout_s``."""
         try:
-            with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+            with urllib.request.urlopen(self.ready_url, timeout=timeout_s) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
-    def wait_ready(self, timeout: float) -> None:
-        """Poll readiness until ``timeout``; fail early if the process exits."""
+    def wait_ready(self, timeout: float, stop_requests: StopRequests | None = None) -> None:
+        """Poll readiness until ``timeout``; fail early if the process exits or a stop comes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if stop_requests is not None and stop_requests.count:
+                raise StartInterruptedError(f"{self.name}: stop requested during start-up")
             if self.process.poll() is not None:
                 raise ServerStartError(
                     f"{self.name} exited with status {self.process.returncode} before it was "
@@ -107,32 +181,60 @@ class ManagedProcess:
             time.sleep(self.poll_interval)
         raise ServerStartError(f"{self.name} not ready after {timeout:.0f} s.\n{self.log_tail()}")
 
+    def running(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the log, for error messages."""
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
+        except (OSError, AttributeError):
             return f"(no {self.name} log)"
         return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (the server drains in-flight requests), SIGKILL if it does not exit in time."""
-        if self.process is None or self.process.poll() is not None:
+    def stop(self, timeout: float = 30.0, stop_requests: StopRequests | None = None) -> int | None:
+        """SIGTERM (the server drains in-flight requests), SIGKILL if it does not exit in time.
+
+        Whatever else of its process group still runs afterwards (a stub whose server died)
+        is killed, and the shared memory it leaves is removed. Calling it again is harmless.
+
+        Args:
+            timeout: seconds to wait after SIGTERM before SIGKILL.
+            stop_requests: a signal counted after this call began (a second Ctrl-C) kills at
+                once.
+
+        Returns:
+            The exit status (None if the process never started).
+        """
+        if self._stopped:
             return None if self.process is None else self.process.returncode
-        regions = shm_regions_of_group(self.process.pid)
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0f s; killing it", self.name, timeout)
-            self.kill()
-            return self.process.returncode
-        if status != 0:
-            # A server that exits with an error (e.g. an instance that never unloaded after its
-            # stub died) leaves its stubs' shared memory behind: only its own is removed.
-            for region in regions:
-                with contextlib.suppress(FileNotFoundError):
-                    region.unlink()
+        self._stopped = True
+        if self.process is None:  # prepare() or Popen failed
+            self._finish(None)
+            return None
+        pgid = self.process.pid
+        regions: set[Path] = set()
+        if self.process.poll() is None:
+            regions = shm_regions_of_group(pgid)
+            seen = stop_requests.count if stop_requests is not None else 0
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.process.poll() is None:
+                hurried = stop_requests is not None and stop_requests.count > seen
+                if hurried or time.monotonic() > deadline:
+                    if not hurried:
+                        log.warning("%s did not stop within %.0f s; killing it", self.name, timeout)
+                    self.kill()
+                    break
+                time.sleep(0.05)
+        status = self.process.returncode
+        # An error exit (e.g. an instance that never unloaded after its stub died) leaves the
+        # stubs' shared memory behind: remove this server's, never another's.
+        guard.sweep(pgid, regions if status != 0 else set())
+        self._release_guard()
+        self._finish(status)
         return status
 
     def kill(self) -> float:
@@ -148,37 +250,46 @@ class ManagedProcess:
             os.killpg(pid, signal.SIGKILL)
         killed = time.monotonic()
         self.process.wait()
-        for region in regions:
-            with contextlib.suppress(FileNotFoundError):
-                region.unlink()
+        guard.sweep(pid, regions)
         return killed
+
+    def _release_guard(self) -> None:
+        if self._guard is None:
+            return
+        # The guard may have gone already (it exits once the leader has): nothing to tell it.
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self._guard.stdin.write(b"released")
+            self._guard.stdin.close()
+        try:
+            self._guard.wait(5)
+        except subprocess.TimeoutExpired:
+            self._guard.kill()
+            self._guard.wait()
+        self._guard = None
+
+    def _finish(self, status: int | None) -> None:
+        """Remove temp files after a clean run; keep the log of a failed one and say where."""
+        self.cleanup()
+        if not self._own_log or self.log_path is None or not self.log_path.exists():
+            return
+        # 0, or death by the SIGTERM stop() sent (what uvicorn re-raises after a clean stop).
+        if self._failed or status not in (0, None, -signal.SIGTERM):
+            log.warning("%s log kept: %s", self.name, self.log_path)
+        else:
+            self.log_path.unlink()
 
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            self._failed = True
         self.stop()
-        if self._own_log and exc[0] is None:
-            self.log_path.unlink(missing_ok=True)
 
 
 def shm_regions_of_group(pgid: int) -> set[Path]:
     """/dev/shm files mapped by the processes of one process group (a server and its stubs)."""
-    found: set[Path] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != pgid:
-                continue
-            maps = (entry / "maps").read_text()
-        except (OSError, ProcessLookupError):
-            continue
-        for line in maps.splitlines():
-            path = line.split()[-1]
-            if path.startswith("/dev/shm/triton_python_backend_shm_region"):
-                found.add(Path(path))
-    return found
+    return guard.shm_regions(guard.group_members(pgid))
 
 
 # Python-backend stubs --------------------------------------------------------------------

@@ -176,11 +176,14 @@ class StubSupervisor:
             except Exception:  # a supervisor that dies helps nobody: log it and go on
                 log.exception("stub supervisor poll failed")
 
-    def stop(self) -> None:
-        """Stop polling (waits for a reload in progress)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop polling; wait up to ``timeout`` (None: for ever) for a reload in progress.
+
+        The thread is a daemon: one still reloading after ``timeout`` ends with the program.
+        """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def __enter__(self) -> StubSupervisor:
         return self.start()

@@ -15,6 +15,17 @@ CLASSIFIER_ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 ENCODER_ONNX = tuple(MODEL_REPOSITORY / "encoder" / v / "model.onnx" for v in ("1", "2"))
 
 
+@pytest.fixture(autouse=True)
+def _only_integration_tests_start_tritonserver(request, monkeypatch):
+    """``pytest -m "not integration"`` must start no tritonserver: a test that does is marked."""
+    if request.node.get_closest_marker("integration") is None:
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"{request.node.nodeid} starts tritonserver: mark it integration")
+
+        monkeypatch.setattr(Server, "start", refuse)
+
+
 @pytest.fixture(scope="session")
 def classifier_onnx() -> Path:
     if not CLASSIFIER_ONNX.exists():

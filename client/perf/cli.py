@@ -8,8 +8,6 @@ import os
 import time
 from pathlib import Path
 
-import tritonclient.http as http
-
 from client.perf import harness, inputs, perf_analyzer, report, tune, variants
 
 EXAMPLES = """
@@ -70,7 +68,9 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
         "stability 20 % over 3 windows, at most 6 trials; p50/p99 are client-side latencies. "
         "Request-rate sweeps use Poisson arrivals at fractions "
         f"{plan.rate_fractions} of the throughput that the concurrency sweep of the same model "
-        f"and protocol reached in the same round, for {plan.rate_targets}.",
+        f"and protocol reached in the same round, for {plan.rate_targets}; their windows "
+        f"count at least {harness.RATE_WINDOW_REQUESTS} requests and stabilize within "
+        f"{harness.RATE_STABILITY_PERCENT:g} % on throughput and average latency.",
         "Inputs: the six scikit-image/scikit-learn sample photos as JPEG (ensemble, preprocess), "
         "their preprocessed pixels (classifier) and real logits (postprocess).",
         "Raw engine: the same model.onnx, the same preprocessing functions, in one process "
@@ -79,7 +79,8 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
         "asyncio micro-batcher, driven by the same perf_analyzer with the same JSON payload "
         "(`--input-tensor-format json`); the null peer answers without running the model and "
         "measures the load generator's own ceiling.",
-        "Variants (loaded with the model-control API, config overrides, no repository copy): "
+        "Variants (each loaded into a fresh server with the model-control API and config "
+        "overrides, no repository copy): "
         + "; ".join(f"**{v.name}**: {v.description}" for v in variants.standard(threads)),
     ]
 
@@ -147,7 +148,6 @@ def add_tune_parser(sub) -> None:
 def tune_run(args: argparse.Namespace) -> int:
     """Measure raw curves, rank candidates, verify within the budget, write the winner."""
     from pipelines.reference import ReferenceClassifier
-    from server import Server
     from server.launcher import MODEL_REPOSITORY
 
     started = time.monotonic()
@@ -173,27 +173,19 @@ def tune_run(args: argparse.Namespace) -> int:
     print(f"{len(space)} candidates, {len(ranked)} predicted to meet p99 <= {args.p99_ms} ms")
     data = inputs.write(args.model, out, ReferenceClassifier(harness.ONNX))
     config = harness.server_config(server_cpus)
-    with (
-        Server(config, log_path=out / "tritonserver.log") as server,
-        http.InferenceServerClient(server.http_url) as client,
-    ):
-        base = server.config.model_config_name
+    with harness.TritonUnderTest(config, out) as triton:
+        base = triton.server.config.model_config_name
 
         def load(candidate: tune.Candidate) -> None:
-            variant = tune.variant_for(candidate, args.model, n_cores)
-            admin = server.admin_headers()
-            variants.apply(client, variant, MODEL_REPOSITORY, base, admin)
-            if args.model in harness.EMBED_MODELS:
-                # Verify the computed path: perf_analyzer repeats its inputs, the cache would hit.
-                variants.set_response_cache(
-                    client, harness.EMBED_MODELS, False, MODEL_REPOSITORY, base, admin
-                )
+            # Each candidate in a fresh server; the computed path (perf_analyzer repeats its
+            # inputs, which embed's response cache would answer).
+            triton.configure(tune.variant_for(candidate, args.model, n_cores), cache=False)
 
         def measure(level: int) -> perf_analyzer.Point:
             # Short windows: the tuner measures many levels; ranking needs less precision.
             run = perf_analyzer.Run(
                 args.model,
-                server.grpc_url,
+                triton.url("grpc"),
                 "grpc",
                 input_data=data,
                 measurement_ms=1000,

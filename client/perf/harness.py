@@ -35,6 +35,10 @@ ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 MODELS = (spec.ENSEMBLE, *variants.STEPS)
 EMBED_MODELS = inputs.EMBED_MODELS
 COUNT_WINDOWS = ["--measurement-mode=count_windows", "--measurement-request-count=5000"]
+# Poisson arrivals at a fixed rate: windows of at least this many requests, judged with this
+# stability, else a low rate never stabilizes (1 s windows at 18 req/s varied 11-18 here).
+RATE_WINDOW_REQUESTS = 150
+RATE_STABILITY_PERCENT = 30.0
 # Models whose statistics each measurement records (formed batches, time in the server).
 STATS_MODELS = (*MODELS, embedding.ENSEMBLE, embedding.TOKENIZE, embedding.ENCODER, embedding.POOL)
 ENCODERS = {
@@ -87,6 +91,8 @@ class Plan:
     raw_embed_batches: list[int] = field(default_factory=lambda: [1, 8, 32])
     raw_seconds: float = 1.5
     measurement_ms: int = 1000
+    # A perf_analyzer run that has not finished by then is a hung server: the case fails.
+    case_timeout_s: float = 300.0
 
     @classmethod
     def short(cls) -> Plan:
@@ -220,13 +226,16 @@ class Row:
 
 
 def server_config(cpus: list[int]) -> ServerConfig:
-    """A pinned server on free ports whose models can be reloaded with config overrides."""
+    """A pinned server on free ports, in explicit model control, started with no model loaded.
+
+    ``TritonUnderTest`` loads the models, each with the config of the variant measured.
+    """
     return ServerConfig(
         http_port=0,
         grpc_port=0,
         metrics_port=0,
         cpus=cpus,
-        extra_args=["--model-control-mode=explicit", "--load-model=*"],
+        extra_args=["--model-control-mode=explicit"],
     )
 
 
@@ -283,6 +292,8 @@ class Runner:
         self.rows: list[Row] = []
         self.raw: list[dict] = []
         self.done = 0
+        self.restarts = 0  # times the server died and was started again
+        self.triton: TritonUnderTest | None = None  # the server being measured, while running
         self.total = plan.size() * plan.rounds
         self.started = time.monotonic()
 
@@ -300,7 +311,18 @@ class Runner:
             f"{row.case.label():55s} {result}"
         )
 
-    def _measure(self, round_: int, case: Case, url: str, data: Path, client=None) -> Row:
+    def _measure(
+        self,
+        round_: int,
+        case: Case,
+        data: Path,
+        triton: TritonUnderTest | None = None,
+        url: str = "",
+    ) -> Row:
+        """One case against ``triton`` (or a peer at ``url``); a failure is recorded, not raised."""
+        if triton is not None:
+            self._revive(triton)
+            url = triton.url(case.protocol)
         run = perf_analyzer.Run(
             model=case.model,
             url=url,
@@ -314,13 +336,23 @@ class Runner:
             # (seen here with 2.51 at concurrency 16), so count requests instead.
             extra=COUNT_WINDOWS if case.dataset == "repeated" else [],
         )
-        before = stats.snapshot(client, STATS_MODELS) if client else None
+        if case.mode == "rate":
+            count = max(RATE_WINDOW_REQUESTS, int(case.level * self.plan.measurement_ms / 1000))
+            run.stability_percent = RATE_STABILITY_PERCENT
+            run.extra = ["--measurement-mode=count_windows", f"--measurement-request-count={count}"]
+        point, error, deltas = None, "", {}
         try:
-            point, error = perf_analyzer.measure(run, case.level), ""
-        except perf_analyzer.PerfAnalyzerError as exc:
-            point, error = None, str(exc)
-        deltas = stats.delta(before, stats.snapshot(client, STATS_MODELS)) if client else {}
-        row = Row(round_, case, point, error, deltas)
+            before = triton.statistics() if triton else None
+            point = perf_analyzer.measure(run, case.level, timeout=self.plan.case_timeout_s)
+            deltas = stats.delta(before, triton.statistics()) if triton else {}
+        except Exception as exc:  # noqa: BLE001 - one case must never end the run
+            error = f"{type(exc).__name__}: {exc}"
+            trouble = triton.trouble() if triton is not None else None
+            if trouble:
+                error = f"{trouble}\n{error}"
+        return self._record(Row(round_, case, point, error, deltas))
+
+    def _record(self, row: Row) -> Row:
         self.rows.append(row)
         self._tick(row)
         return row
@@ -340,13 +372,8 @@ class Runner:
         repeated = inputs.write(embedding.ENSEMBLE, data_dir, repeated=True)
         threads = len(self.server_cpus)
         all_variants = variants.standard(threads)
-        config = server_config(self.server_cpus)
-        with (
-            Server(config, log_path=self.out_dir / "tritonserver.log") as server,
-            http.InferenceServerClient(server.http_url) as client,
-        ):
-            urls = {"grpc": server.grpc_url, "http": server.http_url}
-            admin = server.admin_headers()  # model control is behind the admin key
+        with TritonUnderTest(server_config(self.server_cpus), self.out_dir) as triton:
+            self.triton = triton
             for r in range(1, self.plan.rounds + 1):
                 self.progress(
                     f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)"
@@ -355,21 +382,19 @@ class Runner:
                 self.progress(f"  raw: {self.raw[-1]}")
                 shift = (r - 1) % len(all_variants)
                 for variant in all_variants[shift:] + all_variants[:shift]:
-                    config_name = server.config.model_config_name
-                    variants.apply(client, variant, MODEL_REPOSITORY, config_name, admin)
-                    if variant.name == "batching":
-                        variants.set_response_cache(
-                            client, EMBED_MODELS, False, MODEL_REPOSITORY, config_name, admin
-                        )
+                    if variant.name != "batching" and not any(self.plan.triton_cases(variant.name)):
+                        continue  # nothing of it to measure: no reload
+                    # Embed's computed path first (perf_analyzer repeats its inputs, which the
+                    # response cache would answer); the other variants measure classify only.
+                    cache = False if variant.name == "batching" else None
+                    self._configure(triton, variant, cache)
                     for case in self.plan.triton_cases(variant.name):
                         json_source = json_data.get(case.model)
                         source = json_source if case.payload == "json" else data[case.model]
-                        self._measure(r, case, urls[case.protocol], source, client)
+                        self._measure(r, case, source, triton)
                     if variant.name == "batching":
-                        self._rate_sweep(r, urls, data, client)
-                        variants.set_response_cache(
-                            client, EMBED_MODELS, True, MODEL_REPOSITORY, config_name, admin
-                        )
+                        self._rate_sweep(r, data, triton)
+                        self._configure(triton, variant, cache=True)
                         for level in self.plan.cache_levels:
                             # JSON over HTTP: the payload the peer gets, for an equal-p99 row.
                             case = Case(
@@ -382,13 +407,34 @@ class Runner:
                                 level,
                                 dataset="repeated",
                             )
-                            self._measure(r, case, urls["http"], repeated, client)
+                            self._measure(r, case, repeated, triton)
                 peer_data = {
                     m: {"json": json_data[m], "binary": data[m]} for m in self.plan.peer_levels
                 }
                 self._peers(r, peer_data, threads)
+            self.restarts = triton.deaths
 
-    def _rate_sweep(self, round_: int, urls: dict[str, str], data: dict[str, Path], client) -> None:
+    def _configure(
+        self, triton: TritonUnderTest, variant: variants.Variant, cache: bool | None
+    ) -> None:
+        """Load ``variant`` (and embed's response cache setting); a failure is reported, not fatal.
+
+        Cases measured after a failed load record their own errors (or measure what is loaded).
+        """
+        try:
+            self._revive(triton)
+            triton.configure(variant, cache)
+        except Exception as exc:  # noqa: BLE001 - the cases after it say what it cost
+            self.progress(f"  loading variant {variant.name} failed: {type(exc).__name__}: {exc}")
+
+    def _revive(self, triton: TritonUnderTest) -> None:
+        """Replace a server that died or hangs, with what it had; say so in the progress."""
+        trouble = triton.trouble()
+        if trouble:
+            self.progress(f"  {trouble}; starting a new one")
+            triton.restart()
+
+    def _rate_sweep(self, round_: int, data: dict[str, Path], triton: TritonUnderTest) -> None:
         """Poisson arrivals at fractions of what concurrency reached in this round."""
         for model, protocol in self.plan.rate_targets:
             saturated = max(
@@ -411,7 +457,7 @@ class Runner:
             for fraction in self.plan.rate_fractions:
                 level = max(1.0, round(fraction * saturated))
                 case = Case("triton", "batching", model, protocol, "binary", "rate", level)
-                self._measure(round_, case, urls[protocol], data[model], client)
+                self._measure(round_, case, data[model], triton)
 
     def _peers(self, round_: int, data: dict[str, dict[str, Path]], threads: int) -> None:
         """Each peer model, then its null twin (the load generator's ceiling), per payload."""
@@ -428,12 +474,25 @@ class Runner:
                 ("peer", onnx_path, by_payload),
                 ("null-peer", None, null_levels),
             ):
-                with PeerServer(
+                cases = [
+                    Case(system, "-", model, "http", payload, "concurrency", level)
+                    for payload, xs in levels.items()
+                    for level in xs
+                ]
+                peer = PeerServer(
                     path, cpus=self.server_cpus, intra_op_threads=threads, model_name=model
-                ) as peer:
-                    for payload, level in ((p, x) for p, xs in levels.items() for x in xs):
-                        case = Case(system, "-", model, "http", payload, "concurrency", level)
-                        self._measure(round_, case, peer.url, data[model][payload])
+                )
+                try:
+                    peer.start()
+                except Exception as exc:  # noqa: BLE001 - its rows say why; the run goes on
+                    for case in cases:
+                        self._record(Row(round_, case, None, f"peer did not start: {exc}"))
+                    continue
+                try:
+                    for case in cases:
+                        self._measure(round_, case, data[model][case.payload], url=peer.url)
+                finally:
+                    peer.stop()
 
     def write_csv(self) -> tuple[Path, Path]:
         """points.csv (one line per measured case and round) and raw.csv."""
@@ -452,6 +511,127 @@ class Runner:
                     for bs, value in curve.items():
                         writer.writerow([r, kind, bs, f"{value:.3f}"])
         return points, raw
+
+
+class TritonUnderTest:
+    """The tritonserver a run measures: each variant in a fresh server, restarted if it fails.
+
+    tritonserver 2.51 has aborted, and once hung after corrupting its heap, while old instances
+    of Python-backend models unloaded (docs/triton-2.51.md). So a variant is never swapped in
+    by reloading steps: it gets a fresh server in explicit model control, into which every model
+    is loaded once (the variant's steps with their config overrides, the rest as configured).
+    Only ensembles, which run no Python, are reloaded in place (embed's response cache on/off).
+    A server that exits or stops answering is replaced by a fresh one with the same variant;
+    each server's log is kept as ``tritonserver[-<n>].log``.
+    """
+
+    def __init__(self, config: ServerConfig, out_dir: Path, network_timeout_s: float = 30.0):
+        self.config = config
+        self.out_dir = out_dir
+        self.network_timeout_s = network_timeout_s
+        self.server: Server | None = None
+        self.client: http.InferenceServerClient | None = None
+        self.starts = 0
+        self.deaths = 0
+        self._loaded: tuple[variants.Variant, bool] | None = None
+        self._wanted: tuple[variants.Variant, bool] | None = None
+        self._hung = False
+
+    def start(self) -> TritonUnderTest:
+        """Start a server on fresh free ports with no model loaded."""
+        self.starts += 1
+        name = "tritonserver.log" if self.starts == 1 else f"tritonserver-{self.starts}.log"
+        # Ports of 0 are filled in by the server: each start gets a copy with fresh ones.
+        config = dataclasses.replace(self.config, extra_args=list(self.config.extra_args))
+        self.server = Server(config, log_path=self.out_dir / name).start()
+        self.client = http.InferenceServerClient(
+            self.server.http_url, network_timeout=self.network_timeout_s
+        )
+        self._loaded = None
+        self._hung = False
+        return self
+
+    def running(self) -> bool:
+        """True while the server runs."""
+        return self.server is not None and self.server.running()
+
+    def trouble(self, timeout_s: float = 10.0) -> str | None:
+        """Why the server cannot be measured (it exited, or does not answer), or None."""
+        if not self.running():
+            status = self.server.process.returncode if self.server else None
+            return f"tritonserver exited (status {status}); its log: {self._log()}"
+        if self._hung or not self.server.is_ready(timeout_s):
+            self._hung = True  # asked once per server: a hang does not end by itself
+            return (
+                f"tritonserver stopped answering within {timeout_s:.0f} s; its log: {self._log()}"
+            )
+        return None
+
+    def _log(self) -> Path | None:
+        return self.server.log_path if self.server else None
+
+    def restart(self) -> None:
+        """Replace the server (killed if it still runs) by a fresh one with what it had."""
+        self.deaths += 1
+        if self.running():
+            self.server.kill()
+        self.close()
+        self.start()
+        if self._wanted is not None:
+            self.configure(*self._wanted)
+
+    def url(self, protocol: str) -> str:
+        """host:port of the gRPC or HTTP endpoint."""
+        return self.server.grpc_url if protocol == "grpc" else self.server.http_url
+
+    def configure(self, variant: variants.Variant, cache: bool | None = None) -> None:
+        """Serve ``variant`` with embed's response cache ``cache``, if not served already.
+
+        Args:
+            variant: the serving variant of the steps it names.
+            cache: embed's response cache on or off; None leaves it as it is.
+        """
+        loaded_variant, loaded_cache = self._loaded or (None, True)  # the configs enable it
+        cache = loaded_cache if cache is None else cache
+        self._wanted = (variant, cache)
+        if loaded_variant != variant:
+            if self._loaded is not None:  # a fresh server, never a reload of Python steps
+                self.close()
+                self.start()
+            self._load(variant, cache)
+        elif loaded_cache != cache:
+            name, admin = self.server.config.model_config_name, self.server.admin_headers()
+            variants.set_response_cache(
+                self.client, EMBED_MODELS, cache, MODEL_REPOSITORY, name, admin
+            )
+        self._loaded = (variant, cache)
+
+    def _load(self, variant: variants.Variant, cache: bool) -> None:
+        """Load every model of both services into the fresh server, the variant's steps first."""
+        name, admin = self.server.config.model_config_name, self.server.admin_headers()
+        variants.apply(self.client, variant, MODEL_REPOSITORY, name, admin)
+        # embed's ensembles pull in their steps (as configured, or as the variant loaded them).
+        variants.set_response_cache(self.client, EMBED_MODELS, cache, MODEL_REPOSITORY, name, admin)
+        if spec.ENSEMBLE not in variant.ensembles:
+            self.client.load_model(spec.ENSEMBLE, headers=admin)
+
+    def statistics(self) -> dict[str, dict]:
+        """Statistics of every model the report reads."""
+        return stats.snapshot(self.client, STATS_MODELS)
+
+    def close(self) -> None:
+        """Stop the server; nothing it started stays behind."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.server is not None:
+            self.server.stop()
+
+    def __enter__(self) -> TritonUnderTest:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def machine() -> dict[str, str]:

@@ -34,9 +34,11 @@ from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
 
-# Time for the steps around the classifier's queue (preprocess, one batch, postprocess) on a
-# loaded 2-core machine, added to the queue timeout to make the SLO of an admitted request.
+# Time for the executions on an admitted request's path (one batch at each step), added to the
+# queue timeouts to make the SLO of an admitted request: at least this much, or this many
+# closed-loop request times of the capacity measurement (a slower machine takes longer).
 STEPS_ALLOWANCE_S = 0.5
+STEPS_ALLOWANCE_REQUEST_TIMES = 4
 # The configs with queue policies (configs/local-shed.pbtxt; not the default, see there).
 SHED_CONFIG = "local-shed"
 
@@ -103,10 +105,26 @@ def queue_policies(service: Service, config_name: str | None = "local") -> dict:
     return policies
 
 
-def slo_s(service: Service, config_name: str | None = "local") -> float:
-    """Latency bound for an admitted request: every queue timeout on its path + the steps."""
+def slo_s(
+    service: Service,
+    config_name: str | None = "local",
+    capacity: float | None = None,
+    concurrency: int = 4,
+) -> float:
+    """Latency bound for an admitted request: every queue timeout on its path + the steps.
+
+    Args:
+        service: the ensemble.
+        config_name: the configs the server runs with (their queue timeouts count).
+        capacity: requests/s measured in a closed loop of ``concurrency`` clients; the steps'
+            allowance grows with the request time it implies on a slow machine.
+        concurrency: the clients of that measurement.
+    """
     policies = queue_policies(service, config_name).values()
-    return sum(p.default_timeout_microseconds for p in policies) / 1e6 + STEPS_ALLOWANCE_S
+    allowance = STEPS_ALLOWANCE_S
+    if capacity:
+        allowance = max(allowance, STEPS_ALLOWANCE_REQUEST_TIMES * concurrency / capacity)
+    return sum(p.default_timeout_microseconds for p in policies) / 1e6 + allowance
 
 
 @dataclass(frozen=True)
@@ -190,8 +208,8 @@ def run(
 ) -> Report:
     """Measure capacity, then overload at ``factor`` x capacity on a running server."""
     name = server.config.model_config_name
-    slo = slo_s(service, name)
     capacity = measure_capacity(server.grpc_url, service, capacity_concurrency, capacity_seconds)
+    slo = slo_s(service, name, capacity, capacity_concurrency)
     outcomes, offered = overload(
         server.grpc_url, service, factor * capacity, seconds, client_timeout_s=4 * slo
     )
