@@ -47,9 +47,15 @@ class StopRequests:
         self.count = 0
 
     def install(self, signals=(signal.SIGINT, signal.SIGTERM)) -> StopRequests:
-        """Make these signals count here (main thread only)."""
+        """Make these signals count here (main thread only).
+
+        A signal ignored when the program started stays ignored, as Python itself does for
+        SIGINT: a shell starts a background job (``cmd &``) with SIGINT ignored, so that a
+        Ctrl-C meant for the foreground does not stop it.
+        """
         for sig in signals:
-            signal.signal(sig, self._handle)
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:

@@ -43,8 +43,8 @@ def small_plan() -> harness.Plan:
         raw_pipeline_batches=[1],
         raw_embed_batches=[1],
         raw_seconds=0.2,
-        measurement_ms=1500,
-        case_timeout_s=20,
+        measurement_ms=1000,
+        case_timeout_s=12,
     )
 
 
@@ -64,7 +64,7 @@ def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
 
     def progress(line: str) -> None:
         lines.append((time.monotonic(), line))
-        # Half a second into the next case (c=4: 1.5 s windows, several of them).
+        # Half a second into the next case (c=4: 1 s windows, several of them).
         if line.startswith("[") and "c=1" in line:
             if cspec.ENSEMBLE + " " in line:
                 threading.Timer(0.5, hit_the_server, [signal.SIGKILL]).start()

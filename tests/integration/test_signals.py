@@ -31,6 +31,14 @@ pytestmark = pytest.mark.integration
 
 STOP_WITHIN_S = 15.0
 FREE_PORTS = ("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+# A terminal's shell starts a foreground command with SIGINT at its default; a test run in the
+# background of a script (`cmd &`) inherits it ignored. Reset it, then exec the command.
+AS_FROM_A_TERMINAL = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])",
+)
 # Every process of one start carries this variable with the start's own value (tritonserver,
 # its stubs and the guard inherit the launcher's environment): that tells them from the rest.
 MARK = "SIGNAL_TEST_START"
@@ -108,7 +116,7 @@ class Launch:
         self.mark = uuid.uuid4().hex
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            command,
+            [*AS_FROM_A_TERMINAL, *command],
             cwd=REPO,
             env={**os.environ, MARK: self.mark},
             stdout=subprocess.PIPE,
@@ -192,10 +200,14 @@ def run_one(moment: Moment) -> dict:
     all_gone_s = time.monotonic() - signalled
     if load:
         load.stop()
-    if launch.process.poll() is None:  # leave the machine clean for the next tests
+    # Leave the machine clean for the next tests: what a failure left, and the logs kept.
+    if launch.process.poll() is None:
         os.killpg(launch.process.pid, signal.SIGKILL)
-    for pid in leftover:
-        os.kill(pid, signal.SIGKILL)
+    for pid in sorted(leftover):
+        with contextlib.suppress(ProcessLookupError):
+            guard.sweep(os.getpgid(pid))
+    for kept in re.findall(r"(?:log kept: |log +)(\S+\.log)", launch.output):
+        Path(kept).unlink(missing_ok=True)
     return {
         "moment": moment.label,
         "exited_s": exited_s,
