@@ -49,13 +49,11 @@ class StopRequests:
     def install(self, signals=(signal.SIGINT, signal.SIGTERM)) -> StopRequests:
         """Make these signals count here (main thread only).
 
-        A signal ignored when the program started stays ignored, as Python itself does for
-        SIGINT: a shell starts a background job (``cmd &``) with SIGINT ignored, so that a
-        Ctrl-C meant for the foreground does not stop it.
+        Also where the program was started with them ignored (a shell starts a background job
+        with SIGINT ignored): a SIGINT sent to this program always stops it.
         """
         for sig in signals:
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -279,7 +277,8 @@ class ManagedProcess:
         if not self._own_log or self.log_path is None or not self.log_path.exists():
             return
         # 0, or death by the SIGTERM stop() sent (what uvicorn re-raises after a clean stop).
-        if self._failed or status not in (0, None, -signal.SIGTERM):
+        kept = self._failed or status not in (0, None, -signal.SIGTERM)
+        if kept and self.log_path.stat().st_size:
             log.warning("%s log kept: %s", self.name, self.log_path)
         else:
             self.log_path.unlink()
