@@ -71,14 +71,16 @@ test: lint models tools
 perf: models
 	$(PY) -m client perf $(PERF_ARGS)
 
-# The H200 check. Here: pack what the GPU machine lacks into .gpu-bundle/ (about 40-60 MB;
-# the device tool carries it: `run` with carry [".gpu-bundle"]). There: `make gpu-check`, which
-# uses that machine's own python3 (torch + CUDA) and writes its results under $OUT.
+# The GPU check. With this venv: pack what a GPU host lacks into .gpu-bundle/ (about 62 MiB,
+# for the host's Python: GPU_PYTHON=3.10|3.11|3.12). On the GPU host (Python + torch with CUDA):
+# `make gpu-check`, which checks the host first and writes its results to GPU_CHECK_OUT.
+GPU_PYTHON ?= 3.12
+GPU_CHECK_OUT ?= results/gpu-check
 gpu-bundle: $(STAMP)
-	$(PY) -m client.perf.gpu_check bundle --out .gpu-bundle
+	$(PY) -m client.perf.gpu_check bundle --out .gpu-bundle --python $(GPU_PYTHON)
 
 gpu-check:
-	python3 -m client.perf.gpu_check run --bundle .gpu-bundle --out "$${OUT:-results/gpu-check}"
+	python3 -m client.perf.gpu_check run --bundle .gpu-bundle --out $(GPU_CHECK_OUT)
 
 samples: $(STAMP)
 	$(PY) -m client samples samples/

@@ -63,10 +63,20 @@ def split_rows(batch, sizes: Sequence[int]) -> list:
 def instance_device(args: dict) -> str:
     """The torch device of this model instance: ``cuda:<id>`` for KIND_GPU, else ``cpu``.
 
-    Triton assigns the GPU per instance (instance_group ``gpus``); never assume ``cuda:0``.
+    Triton assigns the GPU per instance (instance_group ``gpus``); never assume ``cuda:0``. A
+    GPU instance also makes its GPU the current CUDA device of the stub: the stub copies GPU
+    outputs and synchronizes on the current device (python_backend r24.10 src/pb_memory.cc
+    ``CopyBuffer``), which would otherwise be GPU 0 for an instance on GPU 1. cuDNN's
+    benchmark mode stays off: the batcher forms every batch size from 1 to the max, and each
+    new size would be autotuned inside a request.
     """
     if args.get("model_instance_kind") == "GPU":
-        return f"cuda:{int(args['model_instance_device_id'])}"
+        import torch
+
+        index = int(args["model_instance_device_id"])
+        torch.cuda.set_device(index)
+        torch.backends.cudnn.benchmark = False
+        return f"cuda:{index}"
     return "cpu"
 
 
@@ -90,11 +100,9 @@ def respond_tensors(outputs: dict) -> pb_utils.InferenceResponse:
     """A successful response from torch tensors, handed to Triton through DLPack.
 
     GPU tensors stay on their GPU: the next step reads them there, or Triton copies them once.
+    The tensors themselves are handed over, not ``to_dlpack`` capsules: for an object with
+    ``__dlpack__`` the stub passes its own stream and waits for the producer's work on it
+    (python_backend r24.10 src/pb_tensor.cc ``FromDLPack``); a capsule skips that wait.
     """
-    import torch.utils.dlpack
-
-    tensors = [
-        pb_utils.Tensor.from_dlpack(k, torch.utils.dlpack.to_dlpack(v.contiguous()))
-        for k, v in outputs.items()
-    ]
+    tensors = [pb_utils.Tensor.from_dlpack(k, v.contiguous()) for k, v in outputs.items()]
     return pb_utils.InferenceResponse(tensors)

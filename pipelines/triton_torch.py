@@ -28,8 +28,6 @@ class TorchClassifier:
         weights = Path(params["weights"]) if params.get("weights") else None
         model = efficientnet_lite.load_pretrained(weights).to(self.device, self.dtype)
         self.model = model.to(memory_format=torch.channels_last)
-        if self.device != "cpu":
-            torch.backends.cudnn.benchmark = True
         self._run(torch.zeros(1, spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE))
 
     def _run(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -79,21 +79,47 @@ def ensure_engines(
     with _locked(folder):
         for recipe in tensorrt.recipes():
             plan = recipe.plan_path(folder)
-            if plan.exists():
+            built_from = tensorrt.fingerprint(recipe, repository, trt.__version__)
+            stale = cached_plan_problem(plan, built_from, recipe, repository)
+            if stale is None:
                 log.info("engine cached: %s", plan)
             else:
                 log.info(
-                    "building %s/%s (%s) on %s",
+                    "building %s/%s (%s) on %s: %s",
                     recipe.model,
                     recipe.version,
                     recipe.precision,
                     gpus[0].name,
+                    stale,
                 )
                 staging = plan.with_suffix(".partial")
                 tensorrt.build(recipe, repository, staging, folder / "timing.cache")
                 staging.rename(plan)  # a build killed halfway never looks cached
+                fingerprint_path(plan).write_text(built_from)
             engines[(recipe.model, recipe.version)] = plan
     return engines
+
+
+def fingerprint_path(plan: Path) -> Path:
+    """Where the fingerprint of what ``plan`` was built from is kept (beside it)."""
+    return plan.with_name(plan.name + ".fingerprint")
+
+
+def cached_plan_problem(
+    plan: Path, built_from: str, recipe: tensorrt.Recipe, repository: Path
+) -> str | None:
+    """Why a cached plan cannot be served (None: it can).
+
+    It must exist, have been built from what the recipe builds from now (``fingerprint``), and
+    still satisfy the config and the TensorRT backend's rules when read back.
+    """
+    if not plan.exists():
+        return "not cached"
+    marked = fingerprint_path(plan)
+    if not marked.exists() or marked.read_text().strip() != built_from:
+        return "cached plan built from another model, config or TensorRT"
+    problems = tensorrt.check_engine(recipe.config(repository), tensorrt.read_engine(plan))
+    return f"cached plan does not serve the config: {problems}" if problems else None
 
 
 def server_config(argv: Sequence[str], environ: dict[str, str], gpus) -> ServerConfig:

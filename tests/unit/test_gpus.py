@@ -3,6 +3,8 @@ linked repository copy that carries them."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -130,3 +132,59 @@ def test_container_serves_everywhere_and_passes_arguments_through():
     alt = container.server_config([], {"TRITON_MODEL_CONFIG_NAME": "gpu-ort"}, MACHINE)
     assert alt.model_config_name == "gpu-ort" and alt.instances_per_gpu is None
     assert container.server_config([], {}, []).model_config_name is None
+
+
+def test_cached_engines_are_rebuilt_when_what_they_were_built_from_changes(tmp_path, monkeypatch):
+    """Cached plans are keyed by GPU and TensorRT, and checked against a fingerprint of the
+    ONNX bytes, the profiles and the precision, then against the config when read back."""
+    import types
+
+    from export import tensorrt
+    from server import container
+
+    repository, cache = tmp_path / "repository", tmp_path / "engines"
+    for r in tensorrt.recipes():
+        (repository / r.model / "configs").mkdir(parents=True, exist_ok=True)
+        shutil.copy(r.config_path(MODEL_REPOSITORY), r.config_path(repository))
+        r.onnx_path(repository).parent.mkdir(parents=True, exist_ok=True)
+        r.onnx_path(repository).write_bytes(f"{r.model}/{r.version} weights".encode())
+    builds, served = [], {}
+
+    def build(recipe, repository, plan, timing_cache):
+        builds.append((recipe.model, recipe.version))
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        plan.write_bytes(b"plan")
+        served[(recipe.model, recipe.version)] = recipe.profiles(repository)
+
+    def read_engine(plan):
+        model, version = plan.parts[-3], plan.parts[-2]
+        config = model_config.parse(repository / model / "configs" / "gpu.pbtxt")
+        return tensorrt.planned_spec(config, served[(model, version)])
+
+    monkeypatch.setattr(
+        tensorrt, "load_tensorrt", lambda: types.SimpleNamespace(__version__="10.5.0")
+    )
+    monkeypatch.setattr(tensorrt, "build", build)
+    monkeypatch.setattr(tensorrt, "read_engine", read_engine)
+    one_gpu = MACHINE[:1]
+
+    engines = container.ensure_engines(repository, cache, one_gpu)
+    assert sorted(builds) == sorted(engines) and len(builds) == 3
+    builds.clear()
+    container.ensure_engines(repository, cache, one_gpu)
+    assert builds == []  # all cached and current
+    # A re-exported model: only its engine is rebuilt.
+    (repository / "encoder" / "1" / "model.onnx").write_bytes(b"re-exported weights")
+    container.ensure_engines(repository, cache, one_gpu)
+    assert builds == [("encoder", "1")]
+    builds.clear()
+    # A config with other batch ranges: new profiles, new engine.
+    config_path = repository / "classifier" / "configs" / "gpu.pbtxt"
+    config_path.write_text(config_path.read_text().replace("[ 16, 64, 128 ]", "[ 32, 64, 128 ]"))
+    container.ensure_engines(repository, cache, one_gpu)
+    assert builds == [("classifier", "1")]
+    builds.clear()
+    # A plan that no longer serves its config when read back (e.g. written by hand).
+    served[("encoder", "2")] = served[("encoder", "2")][:1]
+    container.ensure_engines(repository, cache, one_gpu)
+    assert builds == [("encoder", "2")]

@@ -36,6 +36,7 @@ STAND_IN = textwrap.dedent(
             pass
 
     httpd = http.server.HTTPServer(("127.0.0.1", port), Ready)
+    print("stand-in listening on", port, flush=True)
     if os.fork() == 0:  # the "stub": ignores SIGTERM like triton_python_backend_stub
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         fd = os.open(region, os.O_CREAT | os.O_RDWR, 0o600)

@@ -122,3 +122,30 @@ def test_foreground_server_prints_a_key_it_made_once():
     assert line.count("made-at-start-0123456789") == 1
     assert "'admin-key: made-at-start-0123456789'" in line
     assert "OPEN" in server_cli._admin_line(Server(ServerConfig(restricted_apis=())), None)
+
+
+@pytest.mark.parametrize(
+    ("server", "numpy", "refused"),
+    [
+        ("2.51.0", "2.2.6", True),  # the stub of 24.10 with numpy 2: BYTES inputs corrupt
+        ("2.51.0", "1.26.4", False),
+        ("2.52.0", "2.2.6", False),  # python_backend r24.11 reads numpy 2
+        (None, "2.2.6", False),  # unknown server: not refused
+    ],
+)
+def test_numpy_2_is_refused_where_the_python_backend_cannot_read_it(server, numpy, refused):
+    problem = launcher.stub_numpy_problem(server, numpy)
+    assert (problem is not None) == refused
+    if refused:
+        assert "numpy<2" in problem and "2.52" in problem
+
+
+def test_a_server_whose_stub_would_get_numpy_2_refuses_to_start(monkeypatch):
+    # Seen with numpy 2.2.6 in the server's venv: the preprocess stub aborted on its first
+    # image ("unpack_from requires a buffer of at least 3806520038 bytes"), every request then
+    # failed "Stub process is not healthy", and the server did not stop within 30 s.
+    monkeypatch.setattr(launcher, "numpy_version", lambda: "2.2.6")
+    server = Server(ServerConfig(http_port=0, grpc_port=0, metrics_port=0))
+    assert server.installation.version == "2.51.0"
+    with pytest.raises(launcher.ServerStartError, match=r"numpy 2\.2\.6 .* tritonserver 2\.51\.0"):
+        server.prepare()

@@ -11,6 +11,7 @@ import pytest
 from export import tensorrt as trt_export
 from pipelines import classification, embedding
 from server import model_config
+from server.gpus import Gpu, place_instances
 from server.launcher import MODEL_REPOSITORY
 
 
@@ -96,6 +97,81 @@ def test_check_engine_names_each_mismatch():
     ]
 
 
+@pytest.mark.parametrize("r", trt_export.recipes(), ids=lambda r: f"{r.model}-{r.version}")
+def test_gpu_configs_keep_the_tensorrt_backends_rules(r):
+    """Every profile reachable by every instance, max batch within them, each one warmed."""
+    config = r.config(MODEL_REPOSITORY)
+    assert trt_export.backend_problems(config, r.profiles(MODEL_REPOSITORY)) == []
+    # Also once the entrypoint has placed one group per GPU.
+    gpus = [Gpu(0, "GPU-a", "NVIDIA H200", 143771), Gpu(1, "GPU-b", "NVIDIA H200", 143771)]
+    place_instances(config, gpus, per_gpu=2)
+    assert len(config.instance_group) == 2
+    assert trt_export.backend_problems(config, r.profiles(MODEL_REPOSITORY)) == []
+
+
+def without(config, change):
+    changed = type(config)()
+    changed.CopyFrom(config)
+    change(changed)
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # The fault these configs had: no `profile` list, so profile 0 alone (batch 1-16).
+        (lambda c: c.instance_group[0].ClearField("profile"), "auto-complete refuses"),
+        (lambda c: c.instance_group[0].ClearField("profile"), "batch 17..128"),
+        (lambda c: c.instance_group[0].profile.append("3"), "profiles [3] not in the engine"),
+        # Groups that split the profiles: a batch of 100 may reach the profile-0 group.
+        (
+            lambda c: c.instance_group.add().CopyFrom(
+                type(c.instance_group[0])(kind=c.instance_group[0].kind, count=1, profile=["0"])
+            ),
+            "batch 17..128 of max_batch_size 128 in none",
+        ),
+        (lambda c: c.model_warmup.pop(1), "profile 1 (batch 17..64) gets no warmup"),
+        (
+            lambda c: c.optimization.cuda.graph_spec[0].ClearField("input"),
+            "graph_lower_bound without `input`",
+        ),
+        (
+            lambda c: setattr(c.optimization.cuda.graph_spec[2], "batch_size", 256),
+            "graph_spec batch 256 is in no profile",
+        ),
+    ],
+)
+def test_backend_rules_name_what_the_tensorrt_backend_would_refuse(change, expected):
+    r = recipe(classification.CLASSIFIER)
+    config = without(r.config(MODEL_REPOSITORY), change)
+    problems = trt_export.backend_problems(config, r.profiles(MODEL_REPOSITORY))
+    assert any(expected in p for p in problems), problems
+    # A built engine is held to the same rules.
+    spec = trt_export.planned_spec(config, r.profiles(MODEL_REPOSITORY))
+    assert trt_export.check_engine(config, spec) == problems
+
+
+@pytest.mark.parametrize("r", trt_export.recipes(), ids=lambda r: f"{r.model}-{r.version}")
+def test_gpu_ort_configs_build_their_engines_at_load(r):
+    config = model_config.parse(MODEL_REPOSITORY / r.model / "configs" / "gpu-ort.pbtxt")
+    assert trt_export.ort_tensorrt_problems(config, r.dynamic) == []
+
+
+def test_gpu_ort_rules_want_profiles_or_warmups_at_both_corners():
+    classifier = model_config.parse(
+        MODEL_REPOSITORY / classification.CLASSIFIER / "configs" / "gpu-ort.pbtxt"
+    )
+    accelerator = classifier.optimization.execution_accelerators.gpu_execution_accelerator[0]
+    accelerator.parameters["trt_profile_max_shapes"] = "PIXELS:64x3x224x224"
+    assert "trt_profile_max_shapes" in trt_export.ort_tensorrt_problems(classifier)[0]
+    del accelerator.parameters["trt_profile_min_shapes"]
+    assert "give all of" in trt_export.ort_tensorrt_problems(classifier)[0]
+    r = recipe(embedding.ENCODER)
+    encoder = model_config.parse(MODEL_REPOSITORY / r.model / "configs" / "gpu-ort.pbtxt")
+    encoder.model_warmup.pop(0)  # the batch-1 x 16-token sample
+    assert "smallest shape" in trt_export.ort_tensorrt_problems(encoder, r.dynamic)[0]
+
+
 def test_trtexec_command_uses_tensorrt_10_flags(tmp_path):
     config = gpu_config(embedding.ENCODER)
     profiles = trt_export.profiles_for(config, recipe(embedding.ENCODER).dynamic)
@@ -124,6 +200,18 @@ def test_every_recipe_has_its_onnx_and_config(classifier_onnx, encoder_onnx):
         assert r.onnx_path(MODEL_REPOSITORY).exists(), r
         assert r.config_path(MODEL_REPOSITORY).exists(), r
         assert r.precision in trt_export.PRECISIONS
+
+
+def test_every_engine_is_compared_with_the_fp32_model():
+    # Encoder version 2's own ONNX is dynamic INT8: comparing the INT8 engine with it would
+    # measure one approximation against another.
+    for r in trt_export.recipes():
+        assert r.reference_path(MODEL_REPOSITORY) == MODEL_REPOSITORY / r.model / "1" / "model.onnx"
+    int8 = recipe(embedding.ENCODER, "2")
+    assert int8.precision == "int8"
+    assert int8.reference_path(MODEL_REPOSITORY) != int8.onnx_path(MODEL_REPOSITORY).with_name(
+        "model.onnx"
+    )
 
 
 def test_fp16_model_for_strongly_typed_builds_keeps_fp32_io(tmp_path, classifier_onnx):
