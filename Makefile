@@ -13,7 +13,7 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models venv clean samples perf tools gpu-bundle gpu-check
+.PHONY: serve test lint format models venv clean samples perf tools gpu-bundle gpu-check imports
 
 venv: $(STAMP)
 
@@ -47,6 +47,10 @@ models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ON
 serve: models
 	$(PY) -m server --host $(HOST) $(SERVE_ARGS)
 
+# Which top-level package imports which, and whether the one-way rules hold.
+imports: $(STAMP)
+	$(PY) -m tests.layout
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
@@ -69,7 +73,7 @@ test: lint models tools
 
 # Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
 perf: models
-	$(PY) -m client perf $(PERF_ARGS)
+	$(PY) -m bench perf $(PERF_ARGS)
 
 # The GPU check. With this venv: pack what a GPU host lacks into .gpu-bundle/ (about 62 MiB,
 # for the host's Python: GPU_PYTHON=3.10|3.11|3.12). On the GPU host (Python + torch with CUDA):
@@ -77,10 +81,10 @@ perf: models
 GPU_PYTHON ?= 3.12
 GPU_CHECK_OUT ?= results/gpu-check
 gpu-bundle: $(STAMP)
-	$(PY) -m client.perf.gpu_check bundle --out .gpu-bundle --python $(GPU_PYTHON)
+	$(PY) -m bench.gpu_check bundle --out .gpu-bundle --python $(GPU_PYTHON)
 
 gpu-check:
-	python3 -m client.perf.gpu_check run --bundle .gpu-bundle --out $(GPU_CHECK_OUT)
+	python3 -m bench.gpu_check run --bundle .gpu-bundle --out $(GPU_CHECK_OUT)
 
 samples: $(STAMP)
 	$(PY) -m client samples samples/

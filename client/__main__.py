@@ -6,8 +6,8 @@ Examples:
     python -m client embed "A man is eating food." "A man is riding a horse."
     python -m client embed --file texts.jsonl --out vectors.npy --protocol grpc
     python -m client samples samples/      # write the bundled sample photos as JPEG files
-    python -m client perf [--full]         # benchmark: perf_analyzer, raw engine, peer; report
-    python -m client tune classifier --p99-ms 40   # SLO tuner: writes configs/local-tuned.pbtxt
+
+Benchmarks and the SLO tuner are ``python -m bench``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from client import connection
 from client import embed as embed_client
 from client.classify import ClassifyClient
-from client.perf import cli as perf_cli
 from pipelines import classification as spec
 from pipelines import embedding
 
@@ -71,8 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     emb.add_argument("--batch-size", type=int, default=32)
     emb.add_argument("--concurrency", type=int, default=8)
     _add_connection_args(emb)
-    perf_cli.add_parser(sub)
-    perf_cli.add_tune_parser(sub)
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
     smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
@@ -145,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
         "classify": classify,
         "embed": embed,
         "samples": samples,
-        "perf": perf_cli.run,
-        "tune": perf_cli.tune_run,
     }
     try:
         return commands[args.command](args)

@@ -110,7 +110,7 @@ class Recipe:
 
     def config(self, repository: Path) -> mc.ModelConfig:
         """That config, parsed with Triton's schema."""
-        from server import model_config
+        from export import model_config
 
         return model_config.parse(self.config_path(repository))
 

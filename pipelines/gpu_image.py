@@ -1,6 +1,6 @@
 """Image preprocessing on a GPU: nvJPEG decodes, crops and resizes where Pillow would on a CPU.
 
-Used by the preprocess step's KIND_GPU instances when torchvision is present (the H200 check,
+Used by the preprocess step's KIND_GPU instances when torchvision is present (the GPU check,
 ``make gpu-check``). Only what nvJPEG decodes to the same upright pixels as Pillow goes there:
 RGB or greyscale JPEGs without an EXIF rotation. Everything else, and any batch nvJPEG refuses,
 takes the CPU path of ``pipelines.image``, which also produces the error messages. Pixels match

@@ -88,6 +88,28 @@ def shm_regions(pids: list[int]) -> set[Path]:
     return found
 
 
+def orphan_regions(candidates: set[Path]) -> set[Path]:
+    """Those of ``candidates`` that still exist and that no running process maps.
+
+    tritonserver maps each stub's region from the moment it creates it, so an unmapped one is
+    left over from a server that is gone.
+    """
+    existing = {region for region in candidates if region.exists()}
+    if not existing:
+        return set()
+    mapped: set[Path] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and running(int(entry.name)):
+            mapped |= shm_regions([int(entry.name)])
+    return existing - mapped
+
+
+def all_regions() -> set[Path]:
+    """Every Python-backend shared-memory file on this machine."""
+    shm = Path(SHM_PREFIX).parent
+    return set(shm.glob(Path(SHM_PREFIX).name + "*"))
+
+
 def sweep(pgid: int, regions: set[Path] = frozenset()) -> list[int]:
     """SIGKILL what still runs in group ``pgid``; remove its shared memory and ``regions``.
 

@@ -86,6 +86,7 @@ class ManagedProcess:
         self._guard: subprocess.Popen | None = None
         self._failed = False
         self._stopped = False
+        self._regions_before: set[Path] = set()
 
     def command(self) -> list[str]:
         """The command line to run."""
@@ -124,6 +125,7 @@ class ManagedProcess:
                 message ends with the tail of its log.
             StartInterruptedError: ``stop_requests`` counted a signal; the process has been stopped.
         """
+        self._regions_before = guard.all_regions()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
             os.close(fd)
@@ -234,9 +236,13 @@ class ManagedProcess:
                     break
                 time.sleep(0.05)
         status = self.process.returncode
-        # An error exit (e.g. an instance that never unloaded after its stub died) leaves the
-        # stubs' shared memory behind: remove this server's, never another's.
-        guard.sweep(pgid, regions if status != 0 else set())
+        guard.sweep(pgid)
+        # An error exit (e.g. an instance that never unloaded after its stub died), or a stop in
+        # the middle of loading, leaves stubs' shared memory behind: remove what this server
+        # had mapped, and what appeared while it ran that nothing maps any more.
+        for region in guard.orphan_regions(regions | (guard.all_regions() - self._regions_before)):
+            with contextlib.suppress(FileNotFoundError):
+                region.unlink()
         self._release_guard()
         self._finish(status)
         return status

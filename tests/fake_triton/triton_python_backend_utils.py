@@ -102,3 +102,35 @@ def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | N
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
     return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+class MetricFamily:
+    """A custom metric family; its series record what they were given (``value``)."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, name: str, description: str, kind: str):
+        self.name, self.description, self.kind = name, description, kind
+        self.series: list[Metric] = []
+
+    def Metric(self, labels: dict, buckets: list | None = None) -> Metric:  # noqa: N802 - real API
+        metric = Metric(labels, buckets)
+        self.series.append(metric)
+        return metric
+
+
+class Metric:
+    """One series: counters and gauges keep a value, histograms their observations."""
+
+    def __init__(self, labels: dict, buckets: list | None = None):
+        self.labels, self.buckets = labels, buckets
+        self.value, self.observed = 0.0, []
+
+    def increment(self, value: float) -> None:
+        self.value += value
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def observe(self, value: float) -> None:
+        self.observed.append(value)

@@ -180,7 +180,6 @@ def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
 ):
     bad = photos["coffee"][:1500]
     plan = [photos["chelsea"], photos["coffee"], bad, photos["flower"]] * 6
-    before = model_stats(server, spec.PREPROCESS)
 
     async def burst():
         async with AsyncClassifyClient(url(server, protocol), protocol) as client:
@@ -188,16 +187,24 @@ def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
                 *(client.classify([img]) for img in plan), return_exceptions=True
             )
 
-    results = asyncio.run(burst())
-    after = model_stats(server, spec.PREPROCESS)
-    for img, result in zip(plan, results, strict=True):
-        if img is bad:
-            assert isinstance(result, ClientError)
-            assert "IMAGE[0]: corrupt or truncated image" in str(result)
-        else:
-            assert_matches_reference(result, reference, [img])
-    executions = after["execution_count"] - before["execution_count"]
-    assert executions < len(plan), "requests were batched together with the bad ones"
+    # Whether the batcher joins requests depends on how they arrive: a client slowed down by a
+    # busy core may send them one by one into free instances. Bursts repeat until one was
+    # batched (the first was, on an idle machine); each must be answered right.
+    batched = []
+    for _ in range(5):
+        before = model_stats(server, spec.PREPROCESS)
+        results = asyncio.run(burst())
+        after = model_stats(server, spec.PREPROCESS)
+        for img, result in zip(plan, results, strict=True):
+            if img is bad:
+                assert isinstance(result, ClientError)
+                assert "IMAGE[0]: corrupt or truncated image" in str(result)
+            else:
+                assert_matches_reference(result, reference, [img])
+        batched.append(after["execution_count"] - before["execution_count"] < len(plan))
+        if batched[-1]:
+            break
+    assert any(batched), "requests were never batched together with the bad ones"
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

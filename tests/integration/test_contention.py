@@ -1,6 +1,6 @@
 """Interactive queries keep their latency while images and bulk embeddings saturate the server.
 
-Runs the benchmark itself (``python -m client.perf.contention``) in its own process: the server
+Runs the benchmark itself (``python -m bench.contention``) in its own process: the server
 on one core, the three load streams on the other, the queries alone, then the ``none`` and
 ``both`` (rate limiter and priority levels) setups measured back to back on the same server.
 """
@@ -23,7 +23,7 @@ def test_limiter_and_priorities_keep_the_interactive_p99_under_saturation(
 ):
     out = tmp_path / "contention.json"
     command = [
-        *(sys.executable, "-m", "client.perf.contention"),
+        *(sys.executable, "-m", "bench.contention"),
         *("--seconds", "5", "--rounds", "1", "--setups", "none,both", "--json", str(out)),
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

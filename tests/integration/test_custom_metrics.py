@@ -1,4 +1,4 @@
-"""The Python steps' own metrics (pipelines/metrics.py) on the real server's /metrics page.
+"""The Python steps' own metrics (pipelines/backend/metrics.py) on the real server's /metrics page.
 
 Each test reads the page before and after a few sequential requests and checks the exact change,
 computing the expected token counts in-process with the same tokenizer.
@@ -17,7 +17,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from pipelines import classification as spec
-from pipelines import embedding, metrics
+from pipelines import embedding
+from pipelines.backend import metrics
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Faults on real tritonservers under load: a killed Python stub, a version swap, a soak run.
 
 Each test starts its own server on free loopback ports (explicit model control, only the models
-it needs), drives it with bounded closed loops (``client.perf.load``: every request ends as one
+it needs), drives it with bounded closed loops (``bench.load``: every request ends as one
 outcome, a request with no answer within the client timeout fails the test as hung) and asserts
 what Triton 2.51 was measured to do here:
 
@@ -31,8 +31,8 @@ import pytest
 import tritonclient.grpc as grpc
 from tritonclient.utils import InferenceServerException
 
+from bench import load
 from client import classify, connection, embed
-from client.perf import load
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from pipelines import samples
@@ -479,13 +479,29 @@ def run_mixed(
     return tallies, sampled
 
 
-def ensemble_successes(server: Server) -> dict[str, int]:
-    """Successful requests each ensemble has counted."""
+def ensemble_successes(server: Server, settle_s: float = 5.0) -> dict[str, int]:
+    """Successful requests each ensemble has counted, once the counts have settled.
+
+    Triton counts a success after the response has left, so the last requests of a burst can
+    reach the counter a moment after their clients have their answers (seen on a busy machine:
+    one short). Read until two reads 0.2 s apart agree.
+    """
     with grpc.InferenceServerClient(server.grpc_url) as client:
-        found = {}
-        for name in (espec.ENSEMBLE, cspec.ENSEMBLE):
-            (stats,) = client.get_inference_statistics(name, as_json=True)["model_stats"]
-            found[name] = int(stats["inference_stats"]["success"]["count"])
+
+        def read() -> dict[str, int]:
+            found = {}
+            for name in (espec.ENSEMBLE, cspec.ENSEMBLE):
+                (stats,) = client.get_inference_statistics(name, as_json=True)["model_stats"]
+                found[name] = int(stats["inference_stats"]["success"]["count"])
+            return found
+
+        deadline, found = time.monotonic() + settle_s, read()
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            again = read()
+            if again == found:
+                break
+            found = again
         return found
 
 

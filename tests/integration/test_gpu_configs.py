@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import tritonclient.http as httpclient
 
+from bench import gpu_check
 from client.classify import ClassifyClient
-from client.perf import gpu_check
 from pipelines import classification as spec
 from server import Server
 from tests.integration.test_classify import assert_matches_reference

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from client.embed import EmbedClient
+from export.model_config import parse
 from pipelines import embedding as spec
 from server.launcher import MODEL_REPOSITORY, free_port
-from server.model_config import parse
 from tests.helpers import prometheus_tool
 
 pytestmark = pytest.mark.integration

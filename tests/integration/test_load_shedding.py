@@ -1,6 +1,6 @@
 """Load shedding at 4x capacity: every request answered, the excess refused fast, goodput held.
 
-Runs the benchmark itself (``python -m client.perf.overload``) in its own process: it pins the
+Runs the benchmark itself (``python -m bench.overload``) in its own process: it pins the
 server to one core and its open-loop sender to the other, measures capacity, offers 4x that
 rate for a few seconds with the ``local-shed`` configs, and writes every count to JSON. Both
 ensembles: ``classify`` sheds at its entrance (preprocess, 16 waiting), ``embed`` at its costly
@@ -31,7 +31,7 @@ def test_at_4x_capacity_every_request_is_answered_excess_refused_fast_goodput_he
     request.getfixturevalue(MODELS[service])
     out = tmp_path / "overload.json"
     command = [
-        *(sys.executable, "-m", "client.perf.overload", "--service", service),
+        *(sys.executable, "-m", "bench.overload", "--service", service),
         *("--seconds", "5", "--json", str(out)),
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)

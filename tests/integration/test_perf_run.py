@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from client.perf import harness, report
+from bench import harness, report
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import guard

@@ -9,10 +9,10 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from export import onnx_export
+from export.model_config import parse, resolve
 from pipelines import classification as spec
 from pipelines import embedding as emb
 from server.launcher import MODEL_REPOSITORY
-from server.model_config import parse, resolve
 
 CONFIG_FILES = sorted(MODEL_REPOSITORY.glob("*/config.pbtxt")) + sorted(
     MODEL_REPOSITORY.glob("*/configs/*.pbtxt")

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from server import gpus, model_config
+from export import model_config
+from server import gpus
 from tests import promql
 from tests.helpers import prometheus_tool
 
@@ -76,7 +77,7 @@ TORCH_OTHER_CUDA12_LIBRARIES = {
 ENTRYPOINT_FILE = REPO / "server" / "container.py"
 # Local packages the entrypoint reaches, and installed ones whose files the import scan also
 # follows: tritonclient's grpc extra is not installed by --no-deps, so what its modules import
-# when server.model_config imports tritonclient.grpc must be in the file itself.
+# when export.model_config imports tritonclient.grpc must be in the file itself.
 LOCAL_PACKAGES = {"server", "export", "pipelines"}
 FOLLOWED_PACKAGES = {"tritonclient"}
 # Provided inside the container by Triton itself, not by pip.
@@ -484,7 +485,7 @@ def test_container_requirements_provide_what_the_entrypoint_imports():
     distributions = importlib.metadata.packages_distributions()
     provided = set(pins(CONTAINER_REQUIREMENTS))
     imports = entrypoint_third_party_imports()
-    # server.model_config -> tritonclient.grpc -> grpc, protobuf, packaging, rapidjson (_client)
+    # export.model_config -> tritonclient.grpc -> grpc, protobuf, packaging, rapidjson (_client)
     assert {"tritonclient", "numpy", "google", "grpc", "packaging", "rapidjson"} <= imports
     for module in sorted(imports):
         names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}

@@ -115,7 +115,7 @@ def test_parity_check_fails_for_a_different_network(model, encoder_onnx):
 
 
 def test_buckets_make_the_encoder_faster_on_mixed_traffic(encoder_onnx):
-    from client.perf.raw import padding_effect
+    from bench.raw import padding_effect
 
     effect = padding_effect(encoder_onnx[0], threads=1, seconds=0.2)
     # 11x fewer token positions: even a noisy machine shows at least a 2x gain.

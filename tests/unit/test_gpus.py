@@ -8,7 +8,8 @@ import shutil
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from server import gpus, launcher, model_config, repository
+from export import model_config
+from server import gpus, launcher, repository
 from server.launcher import MODEL_REPOSITORY
 
 SMI = """0, GPU-1111aaaa, NVIDIA H200, 143771

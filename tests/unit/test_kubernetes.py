@@ -9,8 +9,8 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
+from export.model_config import parse
 from server.launcher import MODEL_REPOSITORY
-from server.model_config import parse
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "docker" / "kubernetes"
 MANIFESTS = sorted(p for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from client.perf import harness, perf_analyzer, report, stats, variants
+from bench import harness, perf_analyzer, report, stats, variants
 from pipelines import classification as spec
 from server.launcher import MODEL_REPOSITORY
 
@@ -34,19 +34,28 @@ def test_request_rate_csv_uses_the_rate_column():
     assert perf_analyzer.parse_csv(text)[0].level == 50
 
 
-def test_run_builds_one_level_commands():
-    run = perf_analyzer.Run("classify", "127.0.0.1:8001", "grpc", input_data=Path("in.json"),
-                            cpus=[0])  # fmt: skip
-    cmd = run.command(Path("out.csv"), 16)
-    assert cmd[:3] == ["taskset", "-c", "0"]
-    assert (
-        "--concurrency-range=16:16:1" in cmd and f"--input-data={Path('in.json').resolve()}" in cmd
-    )
-    assert "--input-tensor-format=json" not in cmd
-    rate = perf_analyzer.Run("classify", "u", "http", mode="rate", tensor_format="json")
-    cmd = rate.command(Path("o.csv"), 40.0)
-    assert "--request-rate-range=40.0:40.0:1" in cmd and "--request-distribution=poisson" in cmd
-    assert "--input-tensor-format=json" in cmd
+def test_built_commands_drive_perf_analyzer_against_a_real_endpoint(tmp_path):
+    """Each kind of command the harness builds, run by the real perf_analyzer against the null
+    peer (a KServe v2 HTTP server that answers without a model): every flag is accepted, the
+    level comes back as asked, the CSV parses."""
+    from bench.peer import PeerServer
+
+    # Zeros: random FP32 data may hold values that JSON cannot carry.
+    counted = ["--measurement-mode=count_windows", "--measurement-request-count=40"]
+    counted.append("--input-data=zero")
+    cases = [
+        ("concurrency", 2, "binary", [0]),  # pinned with taskset, binary tensors
+        ("concurrency", 1, "json", None),  # the peer's JSON payload
+        ("rate", 40.0, "binary", None),  # Poisson arrivals
+    ]
+    with PeerServer(None, port=0, log_path=tmp_path / "peer.log") as peer:
+        for mode, level, payload, cpus in cases:
+            run = perf_analyzer.Run(
+                spec.CLASSIFIER, peer.url, "http", mode=mode, tensor_format=payload, cpus=cpus,
+                measurement_ms=500, stability_percent=1000, extra=counted,
+            )  # fmt: skip
+            point = perf_analyzer.measure(run, level, timeout=120)
+            assert point.level == level and point.throughput > 0 and point.p99_ms > 0, mode
     with pytest.raises(ValueError):
         perf_analyzer.Run("m", "u", mode="bogus").command(Path("o"), 1)
 

@@ -8,9 +8,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from export import model_config
 from export import tensorrt as trt_export
 from pipelines import classification, embedding
-from server import model_config
 from server.gpus import Gpu, place_instances
 from server.launcher import MODEL_REPOSITORY
 

@@ -1,10 +1,10 @@
-"""The Python-backend glue (pipelines/triton_backend.py) against the stand-in pb_utils."""
+"""The Python-backend glue (pipelines/backend/batching.py) against the stand-in pb_utils."""
 
 from __future__ import annotations
 
 import torch
 
-from pipelines import triton_backend as tb
+from pipelines.backend import batching as tb
 
 
 def test_torch_outputs_are_handed_over_as_tensors_not_capsules():

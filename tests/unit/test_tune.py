@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from client.perf import perf_analyzer, tune
+from bench import perf_analyzer, tune
+from export import model_config
 from pipelines import classification as spec
-from server import model_config
 from server.launcher import MODEL_REPOSITORY
 
 # Raw EfficientNet-Lite0 curves measured here (images/s by batch size, per thread budget).

@@ -1,5 +1,5 @@
 """Triton adapter: the encoder's model.onnx on onnxruntime (only with configs/local.pbtxt)."""
 
-from pipelines.triton_onnx import OnnxRuntimeModel as TritonPythonModel
+from pipelines.backend.onnx_model import OnnxRuntimeModel as TritonPythonModel
 
 __all__ = ["TritonPythonModel"]

@@ -3,7 +3,9 @@
 import numpy as np
 
 from pipelines import embedding as spec
-from pipelines import triton_backend as tb
+from pipelines.backend import batching as bk
+
+INPUTS = (spec.TOKEN_EMBEDDINGS, spec.ATTENTION_MASK)
 
 
 class TritonPythonModel:
@@ -14,26 +16,30 @@ class TritonPythonModel:
     """
 
     def initialize(self, args):
-        """Note this instance's device."""
-        self.device = tb.instance_device(args)
-
-    def execute(self, requests):
-        """One response per request, in order."""
+        """Pick the numpy or the torch path for this instance's device."""
+        self.device = bk.instance_device(args)
         if self.device == "cpu":
-            get, cat, pool, respond = tb.input_array, np.concatenate, spec.mean_pool, tb.respond
+            self.read, concat, pool = bk.input_array, np.concatenate, spec.mean_pool
+            self.respond = bk.respond_arrays
         else:
             import torch
 
-            def get(request, name):
-                return tb.input_tensor(request, name, self.device)
+            def read(request, name):
+                return bk.input_tensor(request, name, self.device)
 
-            cat, pool, respond = torch.cat, spec.mean_pool_torch, tb.respond_tensors
-        hidden = [get(r, spec.TOKEN_EMBEDDINGS) for r in requests]
-        masks = [get(r, spec.ATTENTION_MASK) for r in requests]
-        responses = [None] * len(requests)
-        for members in tb.group_by_shape(list(zip(hidden, masks, strict=True))):
-            pooled = pool(cat([hidden[i] for i in members]), cat([masks[i] for i in members]))
-            sizes = [len(masks[i]) for i in members]
-            for i, part in zip(members, tb.split_rows(pooled, sizes), strict=True):
-                responses[i] = respond({spec.EMBEDDING: part})
-        return responses
+            self.read, concat, pool = read, torch.cat, spec.mean_pool_torch
+            self.respond = bk.respond_tensors
+        self.run = bk.concatenated(
+            lambda b: {spec.EMBEDDING: pool(b[spec.TOKEN_EMBEDDINGS], b[spec.ATTENTION_MASK])},
+            concat,
+        )
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        return bk.execute(
+            requests,
+            lambda r: bk.inputs(r, INPUTS, self.read),
+            self.run,
+            group=bk.shapes,
+            respond=self.respond,
+        )

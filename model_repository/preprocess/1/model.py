@@ -3,8 +3,9 @@
 import time
 
 from pipelines import classification as spec
-from pipelines import image, metrics
-from pipelines import triton_backend as tb
+from pipelines import image
+from pipelines.backend import batching as bk
+from pipelines.backend import metrics
 
 
 class TritonPythonModel:
@@ -16,50 +17,46 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Note this instance's device; create its metrics."""
-        self.device = tb.instance_device(args)
+        self.device = bk.instance_device(args)
         self.metrics = metrics.PreprocessMetrics(args)
+        self.respond = bk.respond_arrays if self.device == "cpu" else bk.respond_tensors
 
     def finalize(self):
         """Release the metric series before the stub exits."""
         self.metrics.close()
 
-    def _pixels(self, images):
+    def _parse(self, request) -> list[bytes]:
+        try:
+            items = bk.inputs(request, [spec.IMAGE])[spec.IMAGE].reshape(-1)
+        except bk.RequestError:
+            self.metrics.failed(["no images in the request"])
+            raise
+        return [bytes(item) for item in items]
+
+    def _pixels(self, images: list[bytes]):
         if self.device == "cpu":
-            pixels, errors = image.preprocess_batch(images)
-            return pixels, errors, tb.respond
+            return image.preprocess_batch(images)
         from pipelines import gpu_image  # torch: only GPU instances import it
 
-        pixels, errors = gpu_image.preprocess_batch(images, self.device)
-        return pixels, errors, tb.respond_tensors
+        return gpu_image.preprocess_batch(images, self.device)
 
-    def execute(self, requests):
-        """One response per request, in order."""
-        images, sizes, live = [], [], []
-        for request in requests:
-            items = tb.input_array(request, spec.IMAGE).reshape(-1)
-            ok = not request.is_cancelled() and len(items) > 0
-            live.append(ok)
-            sizes.append(len(items) if ok else 0)
-            if ok:
-                images.extend(bytes(item) for item in items)
+    def _run(self, items: list[list[bytes]]) -> list[dict | Exception]:
         # Host time on both paths (on a GPU instance the resize may still be running).
         started = time.perf_counter()
-        pixels, errors, respond = self._pixels(images)
+        pixels, errors = self._pixels([img for images in items for img in images])
         self.metrics.batch(time.perf_counter() - started, errors)
-        responses, offset = [], 0
-        for request, ok, n in zip(requests, live, sizes, strict=True):
-            if not ok:
-                if request.is_cancelled():
-                    responses.append(tb.cancelled())
-                else:
-                    self.metrics.failed(["no images in the request"])
-                    responses.append(tb.error(f"{spec.IMAGE} is empty"))
-                continue
+        outputs, offset = [], 0
+        for images in items:
+            n = len(images)
             bad = [(i, e) for i, e in enumerate(errors[offset : offset + n]) if e is not None]
             if bad:
                 index, exc = bad[0]
-                responses.append(tb.error(f"{spec.IMAGE}[{index}]: {exc}"))
+                outputs.append(bk.RequestError(f"{spec.IMAGE}[{index}]: {exc}"))
             else:
-                responses.append(respond({spec.PIXELS: pixels[offset : offset + n]}))
+                outputs.append({spec.PIXELS: pixels[offset : offset + n]})
             offset += n
-        return responses
+        return outputs
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        return bk.execute(requests, self._parse, self._run, respond=self.respond)

@@ -1,8 +1,8 @@
 """Triton adapter: UTF-8 texts → word-piece ids and attention masks (pipelines.embedding)."""
 
 from pipelines import embedding as spec
-from pipelines import metrics
-from pipelines import triton_backend as tb
+from pipelines.backend import batching as bk
+from pipelines.backend import metrics
 
 # Tokenizing costs superlinear time in the text's length (here 4 ms for 10 kB, 0.8 s for 1 MB,
 # 13 s for 10 MB) and blocks the instance for every other request, while only the first 256 word
@@ -22,46 +22,39 @@ class TritonPythonModel:
         """Release the metric series before the stub exits."""
         self.metrics.close()
 
-    def _texts(self, request) -> list[str]:
-        items = tb.input_array(request, spec.TEXT).reshape(-1)
-        if len(items) == 0:
-            raise spec.TextError("no texts in the request")
-        texts = []
-        for i, item in enumerate(items):
-            try:
-                if len(item) > MAX_TEXT_BYTES:
-                    raise spec.TextError(
-                        f"text too large: {len(item)} bytes, over the {MAX_TEXT_BYTES}-byte limit"
-                    )
-                texts.append(spec.decode_text(item))
-            except spec.TextError as exc:
-                raise spec.TextError(f"{spec.TEXT}[{i}]: {exc}") from None
+    def _parse(self, request) -> list[str]:
+        try:
+            items = bk.input_array(request, spec.TEXT)
+            if items is None or items.size == 0:
+                raise spec.TextError("no texts in the request")
+            texts = []
+            for i, item in enumerate(items.reshape(-1)):
+                try:
+                    if len(item) > MAX_TEXT_BYTES:
+                        raise spec.TextError(
+                            f"text too large: {len(item)} bytes, over the "
+                            f"{MAX_TEXT_BYTES}-byte limit"
+                        )
+                    texts.append(spec.decode_text(item))
+                except spec.TextError as exc:
+                    raise spec.TextError(f"{spec.TEXT}[{i}]: {exc}") from None
+        except spec.TextError as exc:
+            self.metrics.failed([exc])
+            raise bk.RequestError(str(exc)) from None
         return texts
 
-    def execute(self, requests):
-        """One response per request, each padded to the bucket of its own longest text."""
-        per_request: list[list[str] | object] = []
-        failures: list[Exception] = []
-        for request in requests:
-            if request.is_cancelled():
-                per_request.append(tb.cancelled())
-                continue
-            try:
-                per_request.append(self._texts(request))
-            except spec.TextError as exc:
-                per_request.append(tb.error(str(exc)))
-                failures.append(exc)
-        flat = [t for texts in per_request if isinstance(texts, list) for t in texts]
-        tokens, truncated = spec.encode(flat) if flat else ([], 0)
-        responses, start, padded = [], 0, 0
-        for texts in per_request:
-            if not isinstance(texts, list):
-                responses.append(texts)  # the error response made above
-                continue
+    def _run(self, items: list[list[str]]) -> list[dict]:
+        tokens, truncated = spec.encode([t for texts in items for t in texts])
+        outputs, start, padded = [], 0, 0
+        for texts in items:
+            # Each request padded to the bucket of its own longest text.
             ids, mask = spec.pad(tokens[start : start + len(texts)])
             start += len(texts)
             padded += ids.size
-            responses.append(tb.respond({spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}))
-        self.metrics.failed(failures)
+            outputs.append({spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask})
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
-        return responses
+        return outputs
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        return bk.execute(requests, self._parse, self._run)

@@ -1,6 +1,6 @@
 """Load shedding: an ensemble at a multiple of its capacity, every request counted.
 
-``python -m client.perf.overload [--service classify|embed]`` starts a tritonserver with the
+``python -m bench.overload [--service classify|embed]`` starts a tritonserver with the
 repository's ``local-shed`` configs (the entrance step refuses beyond a short queue at once;
 every step with a queue policy answers a request that waited too long with REJECT), pinned to
 one core with the load generator on the other, measures capacity with a short closed loop, then
@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import load
 from client import classify, embed
-from client.perf import load
+from export import model_config
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from pipelines import samples, text_samples
-from server import Server, ServerConfig, model_config
+from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="example: python -m client.perf.overload --factor 4 --seconds 6",
+        epilog="example: python -m bench.overload --factor 4 --seconds 6",
     )
     parser.add_argument("--service", choices=sorted(SERVICES), default="classify")
     parser.add_argument("--factor", type=float, default=4.0, help="offered rate ÷ capacity")

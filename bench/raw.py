@@ -1,6 +1,6 @@
 """The raw engine in-process: the physical limit that served numbers are divided by.
 
-Run as ``python -m client.perf.raw`` under ``taskset`` so it gets exactly the cores (and the
+Run as ``python -m bench.raw`` under ``taskset`` so it gets exactly the cores (and the
 onnxruntime thread budget) that the server's instances get.
 """
 
@@ -107,7 +107,7 @@ def padding_effect(onnx_path: Path, threads: int, seconds: float) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> int:
     """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}, "embed...": ...} as JSON."""
-    p = argparse.ArgumentParser(prog="python -m client.perf.raw", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__)
     p.add_argument("--onnx", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     p.add_argument("--model-batches", default="1,4,8,16,32")

@@ -14,7 +14,7 @@ import torch
 
 from pipelines import classification as spec
 from pipelines import efficientnet_lite
-from pipelines import triton_backend as tb
+from pipelines.backend import batching as bk
 
 
 class TorchClassifier:
@@ -22,13 +22,14 @@ class TorchClassifier:
 
     def initialize(self, args):
         """Load the pinned weights (sha256-checked) onto this instance's device and warm up."""
-        params = tb.parameters(args)
-        self.device = tb.instance_device(args)
+        params = bk.parameters(args)
+        self.device = bk.instance_device(args)
         self.dtype = torch.float16 if self.device != "cpu" else torch.float32
         weights = Path(params["weights"]) if params.get("weights") else None
         model = efficientnet_lite.load_pretrained(weights).to(self.device, self.dtype)
         self.model = model.to(memory_format=torch.channels_last)
         self._run(torch.zeros(1, spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE))
+        self.run = bk.concatenated(lambda b: {spec.LOGITS: self._run(b[spec.PIXELS])}, torch.cat)
 
     def _run(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
@@ -36,17 +37,17 @@ class TorchClassifier:
             return self.model(batch).float()
 
     def execute(self, requests):
-        """One response per request, in order; one forward pass for all of them."""
-        pixels = [tb.input_tensor(r, spec.PIXELS, self.device) for r in requests]
-        try:
-            logits = self._run(torch.cat(pixels))
-            parts = tb.split_rows(logits, [len(p) for p in pixels])
-            return [tb.respond_tensors({spec.LOGITS: part}) for part in parts]
-        except Exception:  # noqa: BLE001 - isolate the failing request below
-            return [self._alone(p) for p in pixels]
+        """One response per request, in order; one forward pass for all of them.
 
-    def _alone(self, pixels: torch.Tensor):
-        try:
-            return tb.respond_tensors({spec.LOGITS: self._run(pixels)})
-        except Exception as exc:  # noqa: BLE001
-            return tb.error(f"model failed: {exc}")
+        A pass that fails is repeated per request, so only the culprit fails.
+        """
+        return bk.execute(
+            requests,
+            lambda r: bk.inputs(r, [spec.PIXELS], self._read),
+            self.run,
+            isolate=True,
+            respond=bk.respond_tensors,
+        )
+
+    def _read(self, request, name):
+        return bk.input_tensor(request, name, self.device)

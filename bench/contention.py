@@ -1,6 +1,6 @@
 """Contention: interactive embedding queries on a server saturated by images and bulk embeddings.
 
-``python -m client.perf.contention`` starts one tritonserver (explicit model control,
+``python -m bench.contention`` starts one tritonserver (explicit model control,
 ``--rate-limit=execution_count``, the ``local-shared`` configs) and measures, in one run, each
 serving setup below while three streams share the server's core:
 
@@ -40,11 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import load
 from client.embed import EmbedClient
-from client.perf import load
+from export import model_config
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server import Server, ServerConfig, model_config
+from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the table: query p50/p99 and background throughput per setup, and p99 ratios."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="example: python -m client.perf.contention --seconds 8 --rounds 2",
+        epilog="example: python -m bench.contention --seconds 8 --rounds 2",
     )
     parser.add_argument("--seconds", type=float, default=8.0, help="load per setup and round")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")

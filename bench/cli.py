@@ -1,4 +1,4 @@
-"""`python -m client perf` (benchmark, report, plots) and `python -m client tune` (SLO tuner)."""
+"""`python -m bench perf` (benchmark, report, plots) and `python -m bench tune` (SLO tuner)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import os
 import time
 from pathlib import Path
 
-from client.perf import harness, inputs, perf_analyzer, report, tune, variants
+from bench import harness, inputs, perf_analyzer, report, tune, variants
 
 EXAMPLES = """
 examples:
-  python -m client perf                    # short run, about 5 minutes on 2 cores
-  python -m client perf --full             # every model, protocol, variant and level
-  python -m client perf --report-only results/perf-20261130-020000   # rebuild the report
+  python -m bench perf                    # short run, about 5 minutes on 2 cores
+  python -m bench perf --full             # every model, protocol, variant and level
+  python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
 
@@ -74,7 +74,7 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
         "Inputs: the six scikit-image/scikit-learn sample photos as JPEG (ensemble, preprocess), "
         "their preprocessed pixels (classifier) and real logits (postprocess).",
         "Raw engine: the same model.onnx, the same preprocessing functions, in one process "
-        "(`python -m client.perf.raw`), images/s per batch size.",
+        "(`python -m bench.raw`), images/s per batch size.",
         "Peer: the same model.onnx behind FastAPI/uvicorn (uvloop, httptools, orjson) with an "
         "asyncio micro-batcher, driven by the same perf_analyzer with the same JSON payload "
         "(`--input-tensor-format json`); the null peer answers without running the model and "
@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
 
 TUNE_EXAMPLES = """
 examples:
-  python -m client tune classifier --p99-ms 40 --budget-s 300
-  python -m client tune classify --p99-ms 80 --budget-s 300 --config-name local-tuned
-  python -m client tune classifier --p99-ms 40 --brute-force   # also verify every candidate
+  python -m bench tune classifier --p99-ms 40 --budget-s 300
+  python -m bench tune classify --p99-ms 80 --budget-s 300 --config-name local-tuned
+  python -m bench tune classifier --p99-ms 40 --brute-force   # also verify every candidate
 then serve with:  python -m server --model-config-name local-tuned
 """
 
@@ -218,7 +218,7 @@ def tune_run(args: argparse.Namespace) -> int:
         print(f"no candidate met p99 <= {args.p99_ms} ms; nothing written")
         return 1
     header = (
-        f"Written by `python -m client tune {args.model} --p99-ms {args.p99_ms}`: "
+        f"Written by `python -m bench tune {args.model} --p99-ms {args.p99_ms}`: "
         f"{winner.throughput:.1f} infer/s at p99 {winner.p99_ms:.1f} ms (c={winner.concurrency}, "
         f"perf_analyzer gRPC, server on {n_cores} core(s))."
     )

@@ -22,9 +22,9 @@ GPU utilization and memory, served-vs-raw top-1 agreement), the server log, and 
 ``/metrics`` text into the folder given with ``--out``. Stages are bounded so the whole run
 fits 8 minutes.
 
-    python -m client.perf.gpu_check bundle --python 3.12               # once: .gpu-bundle/
-    python3 -m client.perf.gpu_check run --bundle .gpu-bundle --out DIR  # on the GPU host
-    python -m client.perf.gpu_check run --smoke --out DIR               # here, CPU, quick
+    python -m bench.gpu_check bundle --python 3.12               # once: .gpu-bundle/
+    python3 -m bench.gpu_check run --bundle .gpu-bundle --out DIR  # on the GPU host
+    python -m bench.gpu_check run --smoke --out DIR               # here, CPU, quick
 
 Only the standard library is imported at module level: on the GPU host everything else comes
 from the bundle, which ``run`` unpacks first.
@@ -129,7 +129,7 @@ class Report:
         }
 
     def markdown(self) -> str:
-        """A short table for the closing note and docs/."""
+        """A short table for docs/ and reports."""
         s = self.summary()
         lines = [
             f"# gpu-check on {self.gpu or self.device} (torch {self.torch})",
@@ -192,7 +192,7 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
     Raises:
         SystemExit: an unsupported Python, or a bundle over MAX_BUNDLE_MIB.
     """
-    from client.perf import perf_analyzer
+    from bench import perf_analyzer
     from pipelines import samples
 
     if python not in SUPPORTED_PYTHONS:
@@ -435,7 +435,7 @@ def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
 
 def perf_input(photos: list[bytes], directory: Path) -> Path:
     """perf_analyzer --input-data with every photo as one request's IMAGE."""
-    from client.perf.inputs import image_entries
+    from bench.inputs import image_entries
 
     path = directory / "classify-photos.json"
     path.write_text(json.dumps({"data": image_entries(photos)}))
@@ -461,8 +461,8 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
     """Start the server with the gpu-local configs, check answers, sweep perf_analyzer."""
     import tritonclient.grpc as grpcclient
 
+    from bench import perf_analyzer, stats
     from client.classify import ClassifyClient
-    from client.perf import perf_analyzer, stats
     from pipelines import classification as spec
     from server import Server
 
@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     """``bundle`` or ``run``; exit status 1 when the run failed or served nothing."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(
-        prog="python -m client.perf.gpu_check",
+        prog="python -m bench.gpu_check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         # The measurement runs in the server's environment, so that the server and its stubs
         # see the same packages as this process.
-        command = [str(python), "-m", "client.perf.gpu_check", "run", "--prepared"]
+        command = [str(python), "-m", "bench.gpu_check", "run", "--prepared"]
         command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
         command += ["--smoke"] if args.smoke else []
         return subprocess.run(command, cwd=REPO, check=False).returncode

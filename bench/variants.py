@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from export import model_config
 from pipelines import classification as spec
-from server import model_config
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Variant:
         for model in self.models:
             config = model_config.resolve(repository / model, config_name)
             # Benchmarks measure capacity with closed-loop concurrency beyond the served queue
-            # limit (the tuner reaches 64): no shedding here; client.perf.overload measures it.
+            # limit (the tuner reaches 64): no shedding here; bench.overload measures it.
             if config.HasField("dynamic_batching"):
                 config.dynamic_batching.ClearField("default_queue_policy")
             for change in self.changes.get(model, []):

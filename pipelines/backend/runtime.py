@@ -6,7 +6,7 @@ torch on GPU.
 
 from __future__ import annotations
 
-from pipelines import triton_backend as tb
+from pipelines.backend import batching as bk
 
 
 class RuntimeModel:
@@ -14,11 +14,11 @@ class RuntimeModel:
 
     def initialize(self, args):
         """Pick and initialize the runner."""
-        runtime = tb.parameters(args).get("runtime", "onnxruntime")
+        runtime = bk.parameters(args).get("runtime", "onnxruntime")
         if runtime == "onnxruntime":
-            from pipelines.triton_onnx import OnnxRuntimeModel as Runner
+            from pipelines.backend.onnx_model import OnnxRuntimeModel as Runner
         elif runtime == "torch":
-            from pipelines.triton_torch import TorchClassifier as Runner
+            from pipelines.backend.torch_model import TorchClassifier as Runner
         else:
             raise ValueError(f"unknown runtime parameter {runtime!r}: onnxruntime or torch")
         self.runner = Runner()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tritonclient.http as http
 
-from client.perf import inputs, perf_analyzer, stats, variants
+from bench import inputs, perf_analyzer, stats, variants
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
@@ -252,7 +252,7 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
         ",".join(map(str, cpus)),
         sys.executable,
         "-m",
-        "client.perf.raw",
+        "bench.raw",
         f"--onnx={ONNX}",
         f"--threads={threads}",
         f"--seconds={plan.raw_seconds}",
@@ -461,7 +461,7 @@ class Runner:
 
     def _peers(self, round_: int, data: dict[str, dict[str, Path]], threads: int) -> None:
         """Each peer model, then its null twin (the load generator's ceiling), per payload."""
-        from client.perf.peer import PeerServer
+        from bench.peer import PeerServer
 
         for model, by_payload in self.plan.peer_levels.items():
             onnx_path = ONNX if model == spec.CLASSIFIER else ENCODERS[embedding.ENSEMBLE]

@@ -1,6 +1,6 @@
 """SLO tuner: the config with the most throughput whose p99 stays under a target.
 
-``python -m client tune classifier --p99-ms 50 --budget-s 300`` searches preferred batch size,
+``python -m bench tune classifier --p99-ms 50 --budget-s 300`` searches preferred batch size,
 max queue delay and instance count:
 
 1. measures the raw engine's batch curve once per thread budget (seconds, in-process);
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from client.perf import perf_analyzer, variants
+from bench import perf_analyzer, variants
+from export import model_config
 from pipelines import classification as spec
 from pipelines import embedding
-from server import model_config
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ def tuned_models(model: str) -> tuple[str, ...]:
     return targets[model]
 
 
-# The raw curve (client.perf.raw) that predicts each target's capacity.
+# The raw curve (bench.raw) that predicts each target's capacity.
 RAW_KIND = {spec.CLASSIFIER: "model", spec.ENSEMBLE: "pipeline", embedding.ENSEMBLE: "embed"}
 
 

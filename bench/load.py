@@ -1,7 +1,7 @@
 """Bounded load senders that count every request, and what a server process tree holds.
 
-Shared by the contention benchmark (``client.perf.contention``), the overload benchmark
-(``client.perf.overload``) and the fault tests. Every sender stops by itself: a closed loop
+Shared by the contention benchmark (``bench.contention``), the overload benchmark
+(``bench.overload``) and the fault tests. Every sender stops by itself: a closed loop
 after its duration, an open loop after its last scheduled request plus a drain deadline. Each
 request ends as exactly one :class:`Outcome` (success, error with Triton's message, or hung:
 no answer by the deadline), so a caller can check ``sent == answered``.

@@ -1,0 +1,7 @@
+"""``python -m bench.peer``: see bench/peer/cli.py."""
+
+import sys
+
+from bench.peer.cli import main
+
+sys.exit(main())

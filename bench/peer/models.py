@@ -1,0 +1,367 @@
+"""The served models: what the peer runs for each request batch, and their tensor contracts."""
+
+from __future__ import annotations
+
+import abc
+import math
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipelines import classification as spec
+from pipelines import embedding as embed_spec
+from pipelines import onnx_runner
+from server.launcher import MODEL_REPOSITORY
+
+MODEL_NAME = spec.CLASSIFIER  # the model served by default
+MODEL_VERSION = "1"
+DEFAULT_MODEL = MODEL_REPOSITORY / spec.CLASSIFIER / MODEL_VERSION / "model.onnx"
+INPUT_DIMS = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
+OUTPUT_DIMS = (spec.NUM_CLASSES,)
+EMBED_MODEL_NAME = embed_spec.ENSEMBLE
+# The fp32 encoder (version 1), as in Triton's "embed" ensemble.
+DEFAULT_EMBED_MODEL = MODEL_REPOSITORY / embed_spec.ENCODER / "1" / "model.onnx"
+# Triton's binary tensor extension: the JSON header's length; binary tensors follow it.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+SERVER_NAME = "peer-fastapi"
+# The KServe v2 extensions implemented here (of the many Triton lists).
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+
+
+class InferenceRequestError(ValueError):
+    """The request is malformed; the message says what to fix (answered with HTTP 400)."""
+
+
+class UnknownModelError(LookupError):
+    """A model or version this server does not serve (answered with HTTP 404, as Triton does)."""
+
+
+def _field(mapping: object, key: str, kind: type, where: str, default: object = None):
+    if not isinstance(mapping, dict):
+        raise InferenceRequestError(f"{where} must be a JSON object")
+    value = mapping.get(key, default)
+    if value is None and default is None:
+        raise InferenceRequestError(f"{where} has no '{key}'")
+    if not isinstance(value, kind):
+        raise InferenceRequestError(f"'{key}' of {where} must be a {kind.__name__}")
+    return value
+
+
+def _count_error(name: str, count: int, shape: tuple[int, ...]) -> InferenceRequestError:
+    return InferenceRequestError(
+        f"{name} has {count} values, shape {list(shape)} needs {math.prod(shape)}"
+    )
+
+
+# The served models ------------------------------------------------------------------------
+class ServedModel(abc.ABC):
+    """One model the peer can serve: its KServe v2 tensors, how to decode them, how to run it.
+
+    Subclasses give the class attributes, the tensor decoders and the batch function; the
+    request envelope, batching, statistics and responses are shared.
+    """
+
+    name: str
+    input: str  # the one input tensor
+    datatype: str  # its KServe v2 datatype
+    config_type: str  # its data_type in the model configuration
+    input_dims: tuple[int, ...]  # without the batch dimension, as in config.pbtxt
+    output: str  # the one output tensor, always FP32
+    output_dims: tuple[int, ...]
+    max_batch: int  # the default max_batch_size
+    default_path: Path  # the ONNX file served when none is given
+    platform: str
+    backend: str
+
+    def check_shape(self, shape: list, max_batch: int) -> tuple[int, ...]:
+        """The declared input shape, if it is ``[batch, *input_dims]`` with batch in range.
+
+        Raises:
+            InferenceRequestError: the shape is wrong, with the expected one in the message.
+        """
+        expected = [-1, *self.input_dims]
+        # bool is an int subclass; a shape of [true, 1] is still wrong.
+        if not all(type(d) is int for d in shape) or tuple(shape[1:]) != self.input_dims:
+            raise InferenceRequestError(
+                f"{self.input} has shape {shape}, the model expects {expected} (batch first)"
+            )
+        if not 1 <= shape[0] <= max_batch:
+            raise InferenceRequestError(
+                f"{self.input} batch size {shape[0]} is outside 1..{max_batch} (max_batch_size)"
+            )
+        return tuple(shape)
+
+    @abc.abstractmethod
+    def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> Any:
+        """The batch rows from a JSON ``data`` member.
+
+        Args:
+            data: the tensor's ``data`` (flat, or nested as its shape).
+            shape: its checked shape.
+            convert: False may skip converting the values once their count and types are
+                checked (the null model needs only the batch size), and return None.
+
+        Raises:
+            InferenceRequestError: the data does not fit the tensor.
+        """
+
+    @abc.abstractmethod
+    def binary_data(self, chunk: memoryview, shape: tuple[int, ...], convert: bool) -> Any:
+        """The batch rows from the tensor's ``binary_data_size`` bytes; as json_data()."""
+
+    @abc.abstractmethod
+    def runner(self, session: Any) -> Callable[[Any], np.ndarray]:
+        """The batch function over an onnxruntime session: rows in, FP32 [rows, ...] out."""
+
+    @abc.abstractmethod
+    def warmup_input(self) -> Any:
+        """One row to run before the server says it is ready."""
+
+    def load(self, model_path: Path, intra_op_threads: int) -> Callable[[Any], np.ndarray]:
+        """Open the ONNX file and return the warmed-up batch function."""
+        session = onnx_runner.create_session(model_path, intra_op_threads=intra_op_threads)
+        run_batch = self.runner(session)
+        # The first run allocates and plans; do it before the server says it is ready.
+        run_batch(self.warmup_input())
+        return run_batch
+
+    def metadata(self) -> dict:
+        """The model metadata, shaped like Triton's JSON answer."""
+        return {
+            "name": self.name,
+            "versions": [MODEL_VERSION],
+            "platform": self.platform,
+            "inputs": [
+                {"name": self.input, "datatype": self.datatype, "shape": [-1, *self.input_dims]}
+            ],
+            "outputs": [
+                {"name": self.output, "datatype": "FP32", "shape": [-1, *self.output_dims]}
+            ],
+        }
+
+    def config(self, max_batch: int, max_wait_s: float) -> dict:
+        """The model configuration, shaped like Triton's JSON ``/config`` answer.
+
+        As in config.pbtxt, ``dims`` leave out the batch dimension.
+        """
+
+        def tensor(name: str, data_type: str, dims: tuple[int, ...]) -> dict:
+            return {
+                "name": name,
+                "data_type": data_type,
+                "format": "FORMAT_NONE",
+                "dims": list(dims),
+                "is_shape_tensor": False,
+            }
+
+        return {
+            "name": self.name,
+            "platform": self.platform,
+            "backend": self.backend,
+            "version_policy": {"latest": {"num_versions": 1}},
+            "max_batch_size": max_batch,
+            "input": [tensor(self.input, self.config_type, self.input_dims)],
+            "output": [tensor(self.output, "TYPE_FP32", self.output_dims)],
+            "dynamic_batching": {"max_queue_delay_microseconds": round(max_wait_s * 1e6)},
+            "instance_group": [{"name": self.name, "kind": "KIND_CPU", "count": 1}],
+            "model_transaction_policy": {"decoupled": False},
+            "parameters": {},
+        }
+
+
+class ClassifierModel(ServedModel):
+    """The image classifier: PIXELS FP32 [-1, 3, 224, 224] → LOGITS FP32 [-1, 1000]."""
+
+    name = spec.CLASSIFIER
+    input = spec.PIXELS
+    datatype = "FP32"
+    config_type = "TYPE_FP32"
+    input_dims = INPUT_DIMS
+    output = spec.LOGITS
+    output_dims = OUTPUT_DIMS
+    max_batch = 32
+    default_path = DEFAULT_MODEL
+    platform = "onnxruntime_onnx"
+    backend = "onnxruntime"
+
+    def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> np.ndarray | None:
+        """Float32 pixels from JSON numbers (None for flat data when not converting)."""
+        if not isinstance(data, list):
+            raise InferenceRequestError(f"'data' of {self.input} must be a list of numbers")
+        flat = not data or not isinstance(data[0], list)
+        # A flat list of the wrong length is rejected before paying for the conversion.
+        if flat and len(data) != math.prod(shape):
+            raise _count_error(self.input, len(data), shape)
+        if flat and not convert:
+            return None
+        try:
+            # No dtype: numpy infers it in C, so strings, booleans and nulls show up as a wrong
+            # kind instead of being silently converted to floats (or NaN).
+            array = np.asarray(data)
+        except ValueError as exc:  # ragged nesting
+            raise InferenceRequestError(f"'data' of {self.input} is not a regular array") from exc
+        if array.dtype.kind not in "iuf":
+            raise InferenceRequestError(f"'data' of {self.input} must contain only numbers")
+        if array.size != math.prod(shape) or (array.ndim > 1 and array.shape != shape):
+            raise InferenceRequestError(
+                f"{self.input} data has shape {list(array.shape)}, declared shape is {list(shape)}"
+            )
+        return array.astype(np.float32, copy=False).reshape(shape)
+
+    def binary_data(self, chunk: memoryview, shape: tuple[int, ...], convert: bool) -> np.ndarray:
+        """Float32 pixels viewed in the body (little-endian FP32)."""
+        nbytes = math.prod(shape) * 4
+        if len(chunk) != nbytes:
+            raise InferenceRequestError(
+                f"{self.input} binary_data_size is {len(chunk)}, shape {list(shape)} in FP32 "
+                f"needs {nbytes} bytes"
+            )
+        # Zero-copy view of the body; the batcher copies it once into the batch.
+        return np.frombuffer(chunk, dtype="<f4").reshape(shape)
+
+    def runner(self, session: Any) -> Callable[[np.ndarray], np.ndarray]:
+        """Pixels [rows, 3, 224, 224] → logits [rows, 1000], one onnxruntime run."""
+
+        def run_batch(pixels: np.ndarray) -> np.ndarray:
+            return onnx_runner.run(session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
+
+        return run_batch
+
+    def warmup_input(self) -> np.ndarray:
+        """One image of zeros."""
+        return np.zeros((1, *INPUT_DIMS), np.float32)
+
+
+def _json_leaves(name: str, data: object, shape: tuple[int, ...]) -> list:
+    """The elements of a flat, or nested as ``shape``, JSON ``data`` list, in row-major order."""
+    if not isinstance(data, list):
+        raise InferenceRequestError(f"'data' of {name} must be a list")
+    if not any(isinstance(x, list) for x in data):
+        if len(data) != math.prod(shape):
+            raise _count_error(name, len(data), shape)
+        return data
+    leaves: list = []
+
+    def walk(node: object, dims: tuple[int, ...]) -> None:
+        if not dims:
+            leaves.append(node)
+        elif isinstance(node, list) and len(node) == dims[0]:
+            for child in node:
+                walk(child, dims[1:])
+        else:
+            raise InferenceRequestError(
+                f"'data' of {name} is not nested as its declared shape {list(shape)}"
+            )
+
+    walk(data, shape)
+    return leaves
+
+
+def _bytes_elements(name: str, chunk: memoryview, count: int) -> list[memoryview]:
+    """Split Triton's serialized BYTES tensor: per element, a 4-byte LE length, then the bytes."""
+    items, offset = [], 0
+    for i in range(count):
+        if offset + 4 > len(chunk):
+            raise InferenceRequestError(
+                f"{name} binary data ends at byte {len(chunk)}, before element {i} of {count}"
+            )
+        (length,) = struct.unpack_from("<I", chunk, offset)
+        offset += 4
+        if offset + length > len(chunk):
+            raise InferenceRequestError(
+                f"{name}[{i}] declares {length} bytes, only {len(chunk) - offset} remain in its "
+                f"binary_data_size of {len(chunk)}"
+            )
+        items.append(chunk[offset : offset + length])
+        offset += length
+    if offset != len(chunk):
+        raise InferenceRequestError(
+            f"{name} binary_data_size is {len(chunk)}, its {count} elements take {offset} bytes"
+        )
+    return items
+
+
+class EmbedModel(ServedModel):
+    """The text embedding: TEXT BYTES [-1, 1] → EMBEDDING FP32 [-1, 384], unit vectors.
+
+    Texts are decoded and checked in the request handler, so a bad text is refused with a 400
+    naming it before it can join a micro-batch (and fail the requests batched with it).
+    """
+
+    name = EMBED_MODEL_NAME
+    input = embed_spec.TEXT
+    datatype = "BYTES"
+    config_type = "TYPE_STRING"
+    input_dims = (1,)
+    output = embed_spec.EMBEDDING
+    output_dims = (embed_spec.HIDDEN_SIZE,)
+    max_batch = 64
+    default_path = DEFAULT_EMBED_MODEL
+    # Tokenizer and pooling in Python around onnxruntime: a Python-backend model in Triton.
+    platform = "python"
+    backend = "python"
+
+    def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> list[str] | None:
+        """Texts from JSON strings (None when not converting; their types are still checked)."""
+        items = _json_leaves(self.input, data, shape)
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                shown = orjson.dumps(item).decode()
+                raise InferenceRequestError(f"{self.input}[{i}] must be a string, got {shown[:40]}")
+        # orjson already refused invalid UTF-8 (and lone surrogates), so encoding cannot fail;
+        # the round trip lets decode_text check empty and blank texts in one place.
+        return self._texts([s.encode("utf-8") for s in items]) if convert else None
+
+    def binary_data(
+        self, chunk: memoryview, shape: tuple[int, ...], convert: bool
+    ) -> list[str] | None:
+        """Texts from serialized BYTES elements (None when not converting; framing is checked)."""
+        items = _bytes_elements(self.input, chunk, math.prod(shape))
+        return self._texts(items) if convert else None
+
+    def _texts(self, items: list) -> list[str]:
+        texts = []
+        for i, item in enumerate(items):
+            try:
+                texts.append(embed_spec.decode_text(item))
+            except embed_spec.TextError as exc:
+                raise InferenceRequestError(f"{self.input}[{i}]: {exc}") from None
+        return texts
+
+    def runner(self, session: Any) -> Callable[[list[str]], np.ndarray]:
+        """Texts → embeddings [rows, 384]: one tokenizer call, one encoder run, one pooling."""
+
+        def run_batch(texts: list[str]) -> np.ndarray:
+            tokens, _ = embed_spec.encode(texts)
+            # Padded to the longest text of the micro-batch, as a plain batched encode() does
+            # (sentence-transformers); Triton's tokenize step pads per request to a bucket.
+            ids, mask = embed_spec.pad(tokens, length=max(len(t) for t in tokens))
+            feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
+            (hidden,) = onnx_runner.run(session, feeds, [embed_spec.TOKEN_EMBEDDINGS])
+            return embed_spec.mean_pool(hidden, mask)
+
+        return run_batch
+
+    def warmup_input(self) -> list[str]:
+        """One short text (this also loads the tokenizer)."""
+        return ["Warming up the peer."]
+
+
+MODELS: dict[str, ServedModel] = {m.name: m for m in (ClassifierModel(), EmbedModel())}
+
+
+def served_model(name: str) -> ServedModel:
+    """The served model called ``name``.
+
+    Raises:
+        ValueError: the peer does not serve it; the message lists those it does.
+    """
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"the peer serves {sorted(MODELS)}, not {name!r}") from None

@@ -1,0 +1,155 @@
+"""KServe v2 request decoding and response encoding (JSON and the binary tensor extension)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi.responses import Response
+
+from bench.peer.models import (
+    HEADER_LENGTH,
+    JSON_TYPE,
+    MODEL_NAME,
+    MODEL_VERSION,
+    MODELS,
+    InferenceRequestError,
+    ServedModel,
+    _field,
+)
+
+
+# Request decoding ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodedRequest:
+    """One validated inference request."""
+
+    rows: int  # the batch size it declares
+    data: Any  # the model's rows (pixels array, or list of texts); None if not converted
+    binary_output: bool  # answer the output with the binary tensor extension
+    request_id: str | None = None
+
+    @property
+    def pixels(self) -> Any:
+        """The classifier's name for ``data``."""
+        return self.data
+
+
+def decode_request(
+    body: bytes,
+    header_length: str | None = None,
+    max_batch: int | None = None,
+    convert: bool = True,
+    model: ServedModel = MODELS[MODEL_NAME],
+) -> DecodedRequest:
+    """Validate a KServe v2 inference request for ``model`` and extract its input rows.
+
+    Args:
+        body: the HTTP body: JSON, or a JSON header followed by binary tensors.
+        header_length: the ``Inference-Header-Content-Length`` header, if sent.
+        max_batch: the largest batch one request may carry (default: the model's).
+        convert: False skips converting the input values once their count (and, for texts,
+            types and binary framing) is checked: the null model needs only the batch size, so
+            ``data`` may be None then.
+        model: the served model (default: the classifier).
+
+    Returns:
+        The rows (float32 pixels [batch, 3, 224, 224], or a list of batch texts) and how to
+        encode the answer.
+
+    Raises:
+        InferenceRequestError: anything a client should fix, with a message saying what.
+    """
+    max_batch = max_batch or model.max_batch
+    binary = memoryview(b"")
+    if header_length is not None:
+        try:
+            split = int(header_length)
+        except ValueError:
+            raise InferenceRequestError(f"{HEADER_LENGTH} is not an integer") from None
+        if not 0 < split <= len(body):
+            raise InferenceRequestError(
+                f"{HEADER_LENGTH} is {split} but the body has {len(body)} bytes"
+            )
+        binary = memoryview(body)[split:]
+        body = body[:split]
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InferenceRequestError(f"the request body is not valid JSON: {exc}") from None
+
+    name = model.input
+    inputs = _field(request, "inputs", list, "the request")
+    names = [i.get("name") if isinstance(i, dict) else None for i in inputs]
+    if names != [name]:
+        raise InferenceRequestError(f"expected exactly one input '{name}', got {names}")
+    tensor = inputs[0]
+    datatype = _field(tensor, "datatype", str, f"input {name}")
+    if datatype != model.datatype:
+        raise InferenceRequestError(f"{name} must have datatype {model.datatype}, got {datatype}")
+    shape = model.check_shape(_field(tensor, "shape", list, f"input {name}"), max_batch)
+    parameters = _field(tensor, "parameters", dict, f"input {name}", default={})
+    if "binary_data_size" in parameters:
+        size = parameters["binary_data_size"]
+        if type(size) is not int or size < 0:
+            raise InferenceRequestError(
+                f"{name} binary_data_size must be a byte count, got {size!r}"
+            )
+        if len(binary) < size:
+            raise InferenceRequestError(
+                f"the body holds {len(binary)} bytes of tensor data, {name} needs {size}"
+            )
+        data = model.binary_data(binary[:size], shape, convert)
+        binary = binary[size:]
+    else:
+        data = model.json_data(tensor.get("data"), shape, convert)
+    if len(binary):
+        raise InferenceRequestError(f"{len(binary)} bytes of tensor data belong to no input")
+
+    # Binary output: per output ("binary_data") or for all ("binary_data_output"), as in Triton.
+    request_params = _field(request, "parameters", dict, "the request", default={})
+    binary_output = bool(request_params.get("binary_data_output", False))
+    for output in _field(request, "outputs", list, "the request", default=[]):
+        output_name = _field(output, "name", str, "an output")
+        if output_name != model.output:
+            raise InferenceRequestError(
+                f"unknown output '{output_name}'; the model has {model.output}"
+            )
+        out_params = _field(output, "parameters", dict, f"output {output_name}", default={})
+        binary_output = bool(out_params.get("binary_data", binary_output))
+    request_id = request.get("id")
+    request_id = request_id if isinstance(request_id, str) else None
+    return DecodedRequest(shape[0], data, binary_output, request_id)
+
+
+def encode_response(
+    outputs: np.ndarray, request: DecodedRequest, model: ServedModel = MODELS[MODEL_NAME]
+) -> Response:
+    """The KServe v2 answer with the model's output, as JSON numbers or as a binary tensor.
+
+    Args:
+        outputs: float32 [batch, ...] (LOGITS or EMBEDDING), C-contiguous.
+        request: the decoded request (its id and the output encoding it asked for).
+        model: the served model (default: the classifier).
+
+    Returns:
+        The HTTP response.
+    """
+    output: dict = {"name": model.output, "datatype": "FP32", "shape": list(outputs.shape)}
+    reply: dict = {"model_name": model.name, "model_version": MODEL_VERSION, "outputs": [output]}
+    if request.request_id is not None:
+        reply["id"] = request.request_id
+    if request.binary_output:
+        raw = outputs.astype("<f4", copy=False).tobytes()
+        output["parameters"] = {"binary_data_size": len(raw)}
+        header = orjson.dumps(reply)
+        return Response(
+            header + raw,
+            media_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(len(header))},
+        )
+    # orjson writes a contiguous float32 array natively: no tolist(), no Python floats.
+    output["data"] = np.ascontiguousarray(outputs).reshape(-1)
+    return Response(orjson.dumps(reply, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON_TYPE)

@@ -1,0 +1,223 @@
+"""One batching adapter for every Python-backend model: requests in, one run, responses out.
+
+PyTriton's ``@batch`` idea, written for this repository's models. A model says how to read one
+request (``parse``, which refuses a bad one with ``RequestError``) and how to run many at once
+(``run``); ``execute`` does the rest for every ``execute(requests)`` Triton makes:
+
+* a cancelled request gets a CANCELLED response and costs nothing;
+* a bad request gets its own INVALID_ARG error, the others of the batch still run;
+* requests whose arrays agree in their non-batch dims (``group``) run together, once;
+* if a run fails as a whole and ``isolate`` is set, each member runs alone, so only the
+  culprit fails; ``run`` may also fail single members (an undecodable image) by returning an
+  exception in their place;
+* one response per request, in request order.
+
+Imported only inside Triton's Python-backend stub, where ``triton_python_backend_utils`` exists
+(tests use the stand-in in tests/fake_triton/).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class RequestError(ValueError):
+    """A request that cannot be served: its client gets this message, the batch goes on."""
+
+
+def execute(
+    requests: Sequence[pb_utils.InferenceRequest],
+    parse: Callable[[pb_utils.InferenceRequest], Any],
+    run: Callable[[list[Any]], list[dict | Exception]],
+    *,
+    group: Callable[[Any], Hashable] | None = None,
+    respond: Callable[[dict], pb_utils.InferenceResponse] | None = None,
+    isolate: bool = False,
+) -> list[pb_utils.InferenceResponse]:
+    """One response per request, in order, from one ``run`` per group of compatible requests.
+
+    Args:
+        requests: what Triton handed to ``execute``.
+        parse: one request → what ``run`` takes for it; raises ``RequestError`` for a bad one.
+        run: the parsed requests of one group → one outputs dict (or an exception) each.
+        group: parsed request → key; requests with equal keys run together (default: all).
+        respond: outputs dict → response (default ``respond``, numpy arrays).
+        isolate: when a run raises, run each of its requests alone to fail only the culprit.
+    """
+    respond = respond or respond_arrays
+    responses: list = [None] * len(requests)
+    parsed: dict[int, Any] = {}
+    for i, request in enumerate(requests):
+        if request.is_cancelled():
+            responses[i] = cancelled()
+            continue
+        try:
+            parsed[i] = parse(request)
+        except RequestError as exc:
+            responses[i] = error(str(exc))
+    groups: dict[Hashable, list[int]] = {}
+    for i, item in parsed.items():
+        groups.setdefault(group(item) if group else None, []).append(i)
+    for members in groups.values():
+        try:
+            results = run([parsed[i] for i in members])
+        except Exception as exc:  # noqa: BLE001 - the whole group failed: isolate or report
+            if not isolate or len(members) == 1:
+                results = [exc] * len(members)
+            else:
+                results = [_alone(run, parsed[i]) for i in members]
+        for i, result in zip(members, results, strict=True):
+            if isinstance(result, RequestError):
+                responses[i] = error(str(result))
+            elif isinstance(result, Exception):
+                responses[i] = error(f"model failed: {result}")
+            else:
+                responses[i] = respond(result)
+    return responses
+
+
+def _alone(run: Callable[[list[Any]], list], item: Any):
+    try:
+        return run([item])[0]
+    except Exception as exc:  # noqa: BLE001 - this request is the culprit
+        return exc
+
+
+def concatenated(
+    fn: Callable[[dict[str, Any]], dict[str, Any]], concat: Callable = np.concatenate
+) -> Callable[[list[dict]], list[dict]]:
+    """``run`` for arrays: concatenate, call ``fn`` once, split back.
+
+    Each input is concatenated along the batch axis, ``fn`` runs once on the batch, and every
+    output is split back by the requests' batch sizes (numpy arrays or torch tensors).
+    """
+
+    def run(items: list[dict]) -> list[dict]:
+        names = list(items[0])
+        sizes = [len(item[names[0]]) for item in items]
+        batch = {
+            n: concat([item[n] for item in items]) if len(items) > 1 else items[0][n] for n in names
+        }
+        parts = {n: split_rows(v, sizes) for n, v in fn(batch).items()}
+        return [{n: p[k] for n, p in parts.items()} for k in range(len(items))]
+
+    return run
+
+
+def shapes(item: dict) -> tuple:
+    """``group`` key of a dict of arrays: their non-batch dims (e.g. equal sequence lengths)."""
+    return tuple((name, tuple(value.shape[1:])) for name, value in item.items())
+
+
+def inputs(
+    request: pb_utils.InferenceRequest,
+    names: Sequence[str],
+    read: Callable | None = None,
+) -> dict:
+    """The named inputs of one request; ``RequestError`` for a missing or empty one.
+
+    Args:
+        request: the request.
+        names: required inputs.
+        read: ``read(request, name)`` → array or None (default ``input_array``).
+    """
+    read = read or input_array
+    found = {}
+    for name in names:
+        value = read(request, name)
+        if value is None:
+            raise RequestError(f"input {name} is missing")
+        if len(value) == 0:
+            raise RequestError(f"{name} is empty")
+        found[name] = value
+    return found
+
+
+def parameters(args: dict) -> dict[str, str]:
+    """The model config's ``parameters`` as plain strings (from ``initialize``'s args)."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def error(message: str, code: int | None = None) -> pb_utils.InferenceResponse:
+    """A response that fails this request only, with a message naming the problem."""
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def cancelled() -> pb_utils.InferenceResponse:
+    """The response for a request its client cancelled before we started on it."""
+    return error("request cancelled", pb_utils.TritonError.CANCELLED)
+
+
+def respond_arrays(outputs: dict[str, np.ndarray]) -> pb_utils.InferenceResponse:
+    """A successful response holding the given named arrays."""
+    tensors = [pb_utils.Tensor(k, np.ascontiguousarray(v)) for k, v in outputs.items()]
+    return pb_utils.InferenceResponse(tensors)
+
+
+def input_array(request: pb_utils.InferenceRequest, name: str) -> np.ndarray | None:
+    """The named input as a numpy array (a view of Triton's buffer), or None if absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def split_rows(batch, sizes: Sequence[int]) -> list:
+    """Cut a concatenated batch (numpy array or torch tensor) into per-request views."""
+    if isinstance(batch, np.ndarray):
+        return np.split(batch, np.cumsum(sizes)[:-1])
+    return list(batch.split(list(sizes)))
+
+
+# GPU instances ---------------------------------------------------------------------------------
+def instance_device(args: dict) -> str:
+    """The torch device of this model instance: ``cuda:<id>`` for KIND_GPU, else ``cpu``.
+
+    Triton assigns the GPU per instance (instance_group ``gpus``); never assume ``cuda:0``. A
+    GPU instance also makes its GPU the current CUDA device of the stub: the stub copies GPU
+    outputs and synchronizes on the current device (python_backend r24.10 src/pb_memory.cc
+    ``CopyBuffer``), which would otherwise be GPU 0 for an instance on GPU 1. cuDNN's
+    benchmark mode stays off: the batcher forms every batch size from 1 to the max, and each
+    new size would be autotuned inside a request.
+    """
+    if args.get("model_instance_kind") == "GPU":
+        import torch
+
+        index = int(args["model_instance_device_id"])
+        torch.cuda.set_device(index)
+        torch.backends.cudnn.benchmark = False
+        return f"cuda:{index}"
+    return "cpu"
+
+
+def input_tensor(request: pb_utils.InferenceRequest, name: str, device: str):
+    """The named input as a torch tensor on ``device``, or None if absent.
+
+    Zero-copy through DLPack where Triton already holds it on the GPU (which needs the
+    config parameter ``FORCE_CPU_ONLY_INPUT_TENSORS: no``).
+    """
+    import torch
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    if tensor.is_cpu():
+        return torch.from_numpy(tensor.as_numpy()).to(device, non_blocking=True)
+    return torch.from_dlpack(tensor.to_dlpack()).to(device)
+
+
+def respond_tensors(outputs: dict) -> pb_utils.InferenceResponse:
+    """A successful response from torch tensors, handed to Triton through DLPack.
+
+    GPU tensors stay on their GPU: the next step reads them there, or Triton copies them once.
+    The tensors themselves are handed over, not ``to_dlpack`` capsules: for an object with
+    ``__dlpack__`` the stub passes its own stream and waits for the producer's work on it
+    (python_backend r24.10 src/pb_tensor.cc ``FromDLPack``); a capsule skips that wait.
+    """
+    tensors = [pb_utils.Tensor.from_dlpack(k, v.contiguous()) for k, v in outputs.items()]
+    return pb_utils.InferenceResponse(tensors)

@@ -1,0 +1,52 @@
+"""A Python-backend model that runs an ONNX file on onnxruntime, for servers without its backend.
+
+Inside the NGC container the native onnxruntime backend serves the same ``model.onnx`` from the
+same folder (``config.pbtxt``); locally ``configs/local.pbtxt`` selects this runner instead. Input
+and output names come from the model config, so every ONNX model of the repository shares it:
+its ``1/model.py`` is one import line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import onnx_runner
+from pipelines.backend import batching as bk
+
+
+class OnnxRuntimeModel:
+    """Concatenate every request of an execute call, run once, split back in order."""
+
+    def initialize(self, args):
+        """Open the session with the thread budget the config gives this instance."""
+        config = json.loads(args["model_config"])
+        params = bk.parameters(args)
+        self.inputs = [t["name"] for t in config["input"]]
+        self.outputs = [t["name"] for t in config["output"]]
+        path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
+        self.session = onnx_runner.create_session(
+            path,
+            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
+            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+        )
+        self.run = bk.concatenated(self._run)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = onnx_runner.run(self.session, feeds, self.outputs)
+        return dict(zip(self.outputs, outputs, strict=True))
+
+    def execute(self, requests):
+        """One response per request, in order; requests of equal shapes share one run.
+
+        A run that fails is repeated per request, so only the culprit fails.
+        """
+        return bk.execute(
+            requests,
+            lambda r: bk.inputs(r, self.inputs),
+            self.run,
+            group=bk.shapes,
+            isolate=True,
+        )
