@@ -99,7 +99,7 @@ class Plan:
     @classmethod
     def smoke(cls) -> Plan:
         """Seconds on a CPU: proves the script, measures nothing worth reporting."""
-        counted = ("--measurement-mode=count_windows", "--measurement-request-count=30")
+        counted = ("--measurement-mode=count_windows", "--measurement-request-count=10")
         return cls((1, 4), 4, (2,), 0.3, 1000, 240.0, counted, stability_percent=1000.0)
 
 
@@ -302,7 +302,9 @@ def host_problems(bundle_dir: Path, unpacked: Path, need_gpu: bool = True) -> li
                 f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: no NVIDIA "
                 "GPU, no driver, or a driver older than that CUDA needs"
             )
-    numpy_versions = [d.name.split("-")[1] for d in unpacked.glob("numpy-*.dist-info")]
+    numpy_versions = [
+        d.name[len("numpy-") : -len(".dist-info")] for d in unpacked.glob("numpy-*.dist-info")
+    ]
     if not numpy_versions or int(numpy_versions[0].split(".")[0]) >= 2:
         problems.append(f"the bundle carries no numpy<2 for the stub (found {numpy_versions})")
     stub = unpacked / "pytriton/tritonserver/python_backend_stubs" / made_for / STUB
@@ -310,12 +312,16 @@ def host_problems(bundle_dir: Path, unpacked: Path, need_gpu: bool = True) -> li
     env = {**os.environ, "LD_LIBRARY_PATH": libdir}
     linked = subprocess.run(["ldd", str(stub)], capture_output=True, text=True, env=env).stdout
     missing = sorted({line.split()[0] for line in linked.splitlines() if "not found" in line})
-    if missing:
+    libpython = [lib for lib in missing if lib.startswith("libpython")]
+    if libpython:
         problems.append(
-            f"the Python-backend stub cannot load {', '.join(missing)}: it needs the shared "
+            f"the Python-backend stub cannot load {', '.join(libpython)}: it needs the shared "
             f"libpython{python} (a Python built with --enable-shared, or the distribution's "
             f"libpython{python} package), and {sys.executable} has none in {libdir!r}"
         )
+    if set(missing) - set(libpython):
+        others = ", ".join(sorted(set(missing) - set(libpython)))
+        problems.append(f"the Python-backend stub cannot load {others} (an incomplete bundle?)")
     server = unpacked / "pytriton/tritonserver/bin/tritonserver"
     ran = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=30)
     if "--model-repository" not in ran.stdout + ran.stderr:

@@ -68,3 +68,14 @@ def known_abort_raised(output: Callable[[], str]):
         raise
     if KNOWN_ABORT in output():
         raise TritonAbortError(f"tritonserver aborted: {KNOWN_ABORT}")
+
+
+def batched_in_some_burst(burst: Callable[[], int], requests: int, tries: int = 5) -> bool:
+    """Whether one of up to ``tries`` bursts was batched: fewer executions than requests.
+
+    ``burst()`` sends the requests concurrently, checks every answer, and returns the number of
+    executions the step made meanwhile. Whether the batcher joins requests depends on how they
+    arrive: a client slowed down by a busy core may send them one by one into free instances.
+    On an idle machine the first burst is batched.
+    """
+    return any(burst() < requests for _ in range(tries))
