@@ -9,6 +9,7 @@ CLASSIFIER_ONNX := model_repository/classifier/1/model.onnx
 ENCODER_ONNX := model_repository/encoder/1/model.onnx
 ENCODER_INT8_ONNX := model_repository/encoder/2/model.onnx
 ENCODER_QDQ_ONNX := model_repository/encoder/2/model.qdq.onnx
+EMBED_GRAPH_ONNX := model_repository/embed_graph/1/model.onnx
 HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -41,7 +42,12 @@ $(ENCODER_ONNX): $(STAMP) pipelines/minilm.py pipelines/embedding.py pipelines/t
 $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX): $(ENCODER_ONNX)
 	@test -f $@ || { rm -f $(ENCODER_ONNX); $(MAKE) $(ENCODER_ONNX); }
 
-models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX)
+# The tokenizer op in front of the fp32 encoder: text in, embedding out, one graph.
+$(EMBED_GRAPH_ONNX): $(ENCODER_ONNX) export/text_graph.py
+	$(PY) -m export embed-graph --encoder $(ENCODER_ONNX) --output $@
+
+models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX) \
+		$(EMBED_GRAPH_ONNX)
 
 # SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000".
 serve: models

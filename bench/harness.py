@@ -34,13 +34,20 @@ log = logging.getLogger(__name__)
 ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 MODELS = (spec.ENSEMBLE, *variants.STEPS)
 EMBED_MODELS = inputs.EMBED_MODELS
+TEXT_MODELS = inputs.TEXT_MODELS
 COUNT_WINDOWS = ["--measurement-mode=count_windows", "--measurement-request-count=5000"]
 # Poisson arrivals at a fixed rate: windows of at least this many requests, judged with this
 # stability, else a low rate never stabilizes (1 s windows at 18 req/s varied 11-18 here).
 RATE_WINDOW_REQUESTS = 150
 RATE_STABILITY_PERCENT = 30.0
 # Models whose statistics each measurement records (formed batches, time in the server).
-STATS_MODELS = (*MODELS, embedding.ENSEMBLE, embedding.TOKENIZE, embedding.ENCODER, embedding.POOL)
+STATS_MODELS = (
+    *MODELS,
+    embedding.ENSEMBLE,
+    embedding.TOKENIZE,
+    embedding.ENCODER,
+    embedding.GRAPH_ENSEMBLE,
+)
 ENCODERS = {
     name: MODEL_REPOSITORY / embedding.ENCODER / version / "model.onnx"
     for name, version in zip(EMBED_MODELS, ("1", "2"), strict=True)
@@ -109,8 +116,11 @@ class Plan:
                 (spec.PREPROCESS, "grpc", "binary"): [16],
                 (spec.POSTPROCESS, "grpc", "binary"): [16],
                 (embedding.ENSEMBLE, "grpc", "binary"): [1, 16],
-                (embedding.ENSEMBLE, "http", "json"): [1, 16],
+                # The peer's payload, at the levels the embedding targets name.
+                (embedding.ENSEMBLE, "http", "json"): [1, 8, 16, 32],
                 ("embed_int8", "grpc", "binary"): [16],
+                (embedding.GRAPH_ENSEMBLE, "grpc", "binary"): [1, 16],
+                (embedding.GRAPH_ENSEMBLE, "http", "json"): [1, 8, 16, 32],
             },
             others={
                 "no-batching": [(spec.ENSEMBLE, "grpc", [16]), (spec.CLASSIFIER, "grpc", [16])],
@@ -120,7 +130,7 @@ class Plan:
             rate_targets=[(spec.ENSEMBLE, "grpc")],
             peer_levels={
                 spec.CLASSIFIER: {"binary": [16], "json": [16]},
-                embedding.ENSEMBLE: {"json": [1, 16]},
+                embedding.ENSEMBLE: {"json": [1, 8, 16, 32]},
             },
             null_levels=[16],
             # JSON is where the generator nears its ceiling; binary had > 10x headroom here.
@@ -134,9 +144,10 @@ class Plan:
     def full(cls) -> Plan:
         """Everything: all models, protocols and variants over a wide sweep, three rounds."""
         levels = [1, 2, 4, 8, 16, 32]
-        main = {(m, p, "binary"): levels for m in MODELS + EMBED_MODELS for p in ("grpc", "http")}
+        main = {(m, p, "binary"): levels for m in MODELS + TEXT_MODELS for p in ("grpc", "http")}
         main[(spec.CLASSIFIER, "http", "json")] = levels
         main[(embedding.ENSEMBLE, "http", "json")] = levels
+        main[(embedding.GRAPH_ENSEMBLE, "http", "json")] = levels
         return cls(
             rounds=3,
             main=main,
@@ -364,10 +375,11 @@ class Runner:
         from pipelines.reference import ReferenceClassifier
 
         reference = ReferenceClassifier(ONNX)
-        data = {m: inputs.write(m, data_dir, reference) for m in MODELS + EMBED_MODELS}
+        data = {m: inputs.write(m, data_dir, reference) for m in MODELS + TEXT_MODELS}
         json_data = {
             spec.CLASSIFIER: inputs.write(spec.CLASSIFIER, data_dir, as_json=True),
-            embedding.ENSEMBLE: data[embedding.ENSEMBLE],  # texts: one file for both formats
+            # Texts: one file for both formats.
+            **{m: data[m] for m in TEXT_MODELS},
         }
         repeated = inputs.write(embedding.ENSEMBLE, data_dir, repeated=True)
         threads = len(self.server_cpus)
@@ -389,8 +401,8 @@ class Runner:
                     cache = False if variant.name == "batching" else None
                     self._configure(triton, variant, cache)
                     for case in self.plan.triton_cases(variant.name):
-                        json_source = json_data.get(case.model)
-                        source = json_source if case.payload == "json" else data[case.model]
+                        # Never without a file: perf_analyzer would make up random inputs.
+                        source = (json_data if case.payload == "json" else data)[case.model]
                         self._measure(r, case, source, triton)
                     if variant.name == "batching":
                         self._rate_sweep(r, data, triton)
@@ -614,6 +626,7 @@ class TritonUnderTest:
         variants.set_response_cache(self.client, EMBED_MODELS, cache, MODEL_REPOSITORY, name, admin)
         if spec.ENSEMBLE not in variant.ensembles:
             self.client.load_model(spec.ENSEMBLE, headers=admin)
+        self.client.load_model(embedding.GRAPH_ENSEMBLE, headers=admin)
 
     def statistics(self) -> dict[str, dict]:
         """Statistics of every model the report reads."""

@@ -13,7 +13,8 @@ from pipelines import classification as spec
 from pipelines import embedding, image, samples, text_samples
 
 # The embedding service's traffic: short queries, each its own request.
-EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")
+EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")  # ensembles with a response cache
+TEXT_MODELS = (*EMBED_MODELS, embedding.GRAPH_ENSEMBLE)
 
 
 def _string_element(data: bytes) -> str:
@@ -40,7 +41,7 @@ def entries(model: str, reference=None) -> list[dict]:
         model: ensemble or step name from pipelines.classification.
         reference: a ReferenceClassifier, needed only for postprocess inputs (real logits).
     """
-    if model in EMBED_MODELS:
+    if model in TEXT_MODELS:
         # Plain strings: perf_analyzer sends them as BYTES, in binary or JSON requests alike.
         return [{embedding.TEXT: {"content": [t], "shape": [1]}} for t in text_samples.SENTENCES]
     photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
@@ -78,7 +79,7 @@ def write(
     """Write ``<model>[-json|-repeated].json`` into ``directory`` and return its path."""
     if repeated:
         data, suffix = repeated_text(), "-repeated"
-    elif as_json and model not in EMBED_MODELS:  # texts are the same in both formats
+    elif as_json and model not in TEXT_MODELS:  # texts are the same in both formats
         data, suffix = json_entries(model), "-json"
     else:
         data, suffix = entries(model, reference), ""

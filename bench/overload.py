@@ -80,7 +80,7 @@ SERVICES = {
     "classify": Service(
         cspec.ENSEMBLE, (cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS), image_inputs
     ),
-    "embed": Service(espec.ENSEMBLE, (espec.TOKENIZE, espec.ENCODER, espec.POOL), text_inputs),
+    "embed": Service(espec.ENSEMBLE, (espec.TOKENIZE, espec.ENCODER), text_inputs),
 }
 
 

@@ -16,7 +16,7 @@ from pipelines import classification as spec
 from pipelines import embedding
 
 ENS, CLS, PRE, POST = spec.ENSEMBLE, spec.CLASSIFIER, spec.PREPROCESS, spec.POSTPROCESS
-EMB, EMB8 = embedding.ENSEMBLE, "embed_int8"
+EMB, EMB8, GRAPH = embedding.ENSEMBLE, "embed_int8", embedding.GRAPH_ENSEMBLE
 STEPS = 3
 
 
@@ -161,12 +161,25 @@ _shared_core_bound = _ensemble_vs_stages(lambda stages: 1.0 / sum(1.0 / s for s 
 
 
 def _peer_ratio(
-    payload: str, model: str = CLS, dataset: str = "samples"
+    payload: str, model: str = CLS, dataset: str = "samples", peer_model: str | None = None
 ) -> Callable[[list[dict], dict], float | None]:
     def compute(rows, raw):
         ours = find(rows, **_triton(model, protocol="http", payload=payload, dataset=dataset))
-        theirs = find(rows, system="peer", model=model, payload=payload)
+        theirs = find(rows, system="peer", model=peer_model or model, payload=payload)
         return equal_p99_ratio(ours, theirs)
+
+    return compute
+
+
+def _vs_peer_at(
+    model: str, level: int, field: str = "throughput"
+) -> Callable[[list[dict], dict], float | None]:
+    """Ours ÷ the embed peer's ``field`` at one concurrency, both HTTP JSON (same texts)."""
+
+    def compute(rows, raw):
+        ours = one(rows, **_triton(model, protocol="http", payload="json", level=level))
+        theirs = one(rows, system="peer", model=EMB, payload="json", level=level)
+        return _ratio(ours and ours[field], theirs and theirs[field])
 
     return compute
 
@@ -305,6 +318,36 @@ METRICS = [
         _peer_ratio("json", EMB),
         target=2.0,
         needs_headroom=("json", EMB),
+    ),
+    Metric(
+        "Triton ÷ peer (embed_graph: one process, same JSON payload), equal p99",
+        _peer_ratio("json", GRAPH, peer_model=EMB),
+        target=2.0,
+        needs_headroom=("json", EMB),
+    ),
+    *(
+        Metric(
+            f"{model} ÷ peer texts/s at concurrency {level} (HTTP JSON)",
+            _vs_peer_at(model, level),
+            target=1.2 if level in (8, 32) else None,
+        )
+        for model in (EMB, GRAPH)
+        for level in (1, 8, 32)
+    ),
+    *(
+        Metric(
+            f"{model} p99 ÷ peer p99 at concurrency {level} (HTTP JSON)",
+            _vs_peer_at(model, level, "p99_ms"),
+            target=1.0,
+            higher_is_better=False,
+        )
+        for model in (EMB, GRAPH)
+        for level in (1, 8, 32)
+    ),
+    Metric(
+        "embed_graph served ÷ raw embed pipeline, saturation (gRPC, short texts)",
+        lambda rows, raw: _ratio(_saturated(rows, **_triton(GRAPH)), _raw_best("embed")(raw)),
+        target=0.9,
     ),
     Metric(
         "Triton cache hits ÷ peer (embed, same JSON payload), equal p99",

@@ -272,7 +272,7 @@ def tuned_models(model: str) -> tuple[str, ...]:
     """Which step configs a tuning target changes.
 
     The classifier, plus preprocess for the classify ensemble: its instances and batching decide
-    how fast images reach the classifier. For embed, the encoder (tokenize and pool are cheap).
+    how fast images reach the classifier. For embed, the encoder (tokenize is cheap).
     """
     targets = {
         spec.CLASSIFIER: (spec.CLASSIFIER,),

@@ -3,6 +3,7 @@
 Examples:
     python -m export efficientnet_lite0 --output model_repository/classifier/1/model.onnx
     python -m export minilm     # encoder/1/model.onnx (fp32) and encoder/2/model.onnx (INT8)
+    python -m export embed-graph   # embed_graph/1/model.onnx: tokenizer op + fp32 encoder
     python -m export tensorrt --commands   # the trtexec commands for every engine (no GPU needed)
     python -m export tensorrt --engines /engines --parity   # build + check (TensorRT + GPU)
 """
@@ -14,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from export import efficientnet_lite0, minilm, onnx_export, tensorrt
+from export import efficientnet_lite0, minilm, onnx_export, tensorrt, text_graph
 
 log = logging.getLogger("export")
 
@@ -41,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mini.add_argument("--int8-output", type=Path, default=minilm.DEFAULT_INT8_OUTPUT)
     mini.add_argument("--qdq-output", type=Path, default=minilm.DEFAULT_QDQ_OUTPUT)
     mini.add_argument("--opset", type=int, default=onnx_export.DEFAULT_OPSET)
+    graph = sub.add_parser(
+        "embed-graph",
+        help="tokenizer op (onnxruntime-extensions) + encoder → one TEXT → EMBEDDING graph",
+    )
+    graph.add_argument("--encoder", type=Path, default=minilm.DEFAULT_OUTPUT)
+    graph.add_argument("--output", type=Path, default=text_graph.DEFAULT_OUTPUT)
     trt = sub.add_parser(
         "tensorrt",
         help="ONNX → TensorRT engines with profiles from configs/gpu.pbtxt (TensorRT 10+, GPU)",
@@ -95,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         efficientnet_lite0.main(args.output, args.opset)
     elif args.model == "minilm":
         minilm.main(args.output, args.int8_output, args.opset, args.qdq_output)
+    elif args.model == "embed-graph":
+        text_graph.main(args.encoder, args.output)
     elif args.model == "tensorrt":
         return build_engines(args)
     return 0

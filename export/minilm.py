@@ -31,7 +31,11 @@ def parity_texts() -> list[str]:
 
 
 def reference_embeddings(model: torch.nn.Module, texts: list[str]) -> np.ndarray:
-    """PyTorch model + the shared tokenizer and pooling: the reference the served path must hit."""
+    """PyTorch token embeddings + numpy pooling: the reference the served path must hit.
+
+    The pooling here is ``mean_pool`` (numpy), written apart from the torch pooling that goes
+    into the graph, so a mistake in either shows up as a parity failure.
+    """
     ids, mask = spec.tokenize(texts)
     with torch.no_grad():
         hidden = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
@@ -39,12 +43,11 @@ def reference_embeddings(model: torch.nn.Module, texts: list[str]) -> np.ndarray
 
 
 def onnx_embeddings(path: Path, texts: list[str]) -> np.ndarray:
-    """The same through onnxruntime."""
+    """Sentence embeddings of the exported graph (pooling included) on onnxruntime."""
     ids, mask = spec.tokenize(texts)
     session = onnx_runner.create_session(path, intra_op_threads=2)
     feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-    hidden = onnx_runner.run(session, feeds, [spec.TOKEN_EMBEDDINGS])[0]
-    return spec.mean_pool(hidden, mask)
+    return onnx_runner.run(session, feeds, [spec.EMBEDDING])[0]
 
 
 def check_parity(expected: np.ndarray, got: np.ndarray, min_cosine: float) -> float:
@@ -135,7 +138,7 @@ def quantize_qdq(fp32: Path, output: Path, texts: list[str]) -> int:
 def main(
     output: Path, int8_output: Path | None, opset: int, qdq_output: Path | None = None
 ) -> None:
-    """Export fp32 with dynamic batch and sequence axes, verify; then INT8, verify."""
+    """Export fp32 (pooled in the graph; dynamic batch and sequence axes), verify; INT8, verify."""
     model = minilm.load_pretrained()
     log.info("loaded all-MiniLM-L6-v2 (sha256 verified)")
     texts = parity_texts()
@@ -143,15 +146,15 @@ def main(
     ids, mask = spec.tokenize(texts[:2])
     with onnx_export.staged(output) as path:
         onnx_export.export(
-            model,
+            minilm.SentenceEncoder(model),
             (torch.from_numpy(ids), torch.from_numpy(mask)),
             path,
             input_names=[spec.INPUT_IDS, spec.ATTENTION_MASK],
-            output_names=[spec.TOKEN_EMBEDDINGS],
+            output_names=[spec.EMBEDDING],
             dynamic_axes={
                 spec.INPUT_IDS: {0: "batch", 1: "sequence"},
                 spec.ATTENTION_MASK: {0: "batch", 1: "sequence"},
-                spec.TOKEN_EMBEDDINGS: {0: "batch", 1: "sequence"},
+                spec.EMBEDDING: {0: "batch"},
             },
             opset=opset,
         )

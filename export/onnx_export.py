@@ -68,11 +68,32 @@ def export(
                 dynamo=False,
             )
         proto = onnx.load(str(raw))
+        with torch.no_grad():
+            traced = model(*example)
+        traced = traced if isinstance(traced, tuple | list) else (traced,)
+        pin_static_output_dims(proto, dict(zip(output_names, traced, strict=True)), dynamic_axes)
         folded = fold_pads_into_convs(proto)
         log.info("folded %d Pad nodes into their Conv", folded)
         onnx.checker.check_model(proto, full_check=True)
         onnx.save(proto, str(path))
     return proto
+
+
+def pin_static_output_dims(
+    proto: onnx.ModelProto,
+    outputs: Mapping[str, torch.Tensor],
+    dynamic_axes: Mapping[str, Mapping[int, str]],
+) -> None:
+    """Give every output axis not named in ``dynamic_axes`` its traced size.
+
+    The exporter's shape inference leaves some static axes symbolic (a pooled [batch, 384] came
+    out as [batch, "DivEMBEDDING_dim_1"]); Triton's config and TensorRT need them as numbers.
+    """
+    for output in proto.graph.output:
+        dynamic = dynamic_axes.get(output.name, {})
+        for axis, dim in enumerate(output.type.tensor_type.shape.dim):
+            if axis not in dynamic:
+                dim.dim_value = outputs[output.name].shape[axis]
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """A plain-PyTorch BERT encoder that loads all-MiniLM-L6-v2's safetensors strictly.
 
-~70 lines instead of importing transformers (6 s and 340 MB per process); export/ turns it into
-the encoder's ONNX model, and tests compare that with this module.
+~70 lines instead of importing transformers (6 s and 340 MB per process); export/ turns it, with
+the sentence pooling (``SentenceEncoder``), into the encoder's ONNX model, and tests compare that
+with this module.
 """
 
 from __future__ import annotations
@@ -90,6 +91,22 @@ class MiniLM(nn.Module):
         for layer in self.encoder.layer:
             x = layer(x, bias)
         return x
+
+
+class SentenceEncoder(nn.Module):
+    """MiniLM plus sentence-transformers' pooling: ids and mask in, unit sentence vectors out.
+
+    Exported as one graph, the pooling runs inside the encoder (onnxruntime, TensorRT): the
+    [n, L, 384] token embeddings never leave it, and ``embed`` needs no pooling step.
+    """
+
+    def __init__(self, encoder: MiniLM):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[n, L] ids and mask → [n, H] mean over real tokens, L2-normalized."""
+        return spec.mean_pool_torch(self.encoder(input_ids, attention_mask), attention_mask)
 
 
 def load_pretrained() -> MiniLM:

@@ -10,22 +10,31 @@ import onnxruntime as ort
 
 
 def create_session(
-    path: Path | str, intra_op_threads: int = 1, inter_op_threads: int = 1
+    path: Path | str | bytes,
+    intra_op_threads: int = 1,
+    inter_op_threads: int = 1,
+    custom_ops: bool = False,
 ) -> ort.InferenceSession:
     """A CPU session whose thread pools are sized explicitly.
 
     onnxruntime defaults to one thread per core in every session; with several Triton instances
     (each its own process) on one machine that oversubscribes the cores, so every caller says
-    how many threads it may use.
+    how many threads it may use. ``custom_ops`` registers onnxruntime-extensions' operators (the
+    in-graph tokenizer); ``path`` may also be a serialized model.
     """
     options = ort.SessionOptions()
+    if custom_ops:
+        from onnxruntime_extensions import get_library_path
+
+        options.register_custom_ops_library(get_library_path())
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = inter_op_threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Spinning threads burn the cores that the other pipeline steps need between batches.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def run(

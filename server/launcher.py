@@ -198,6 +198,13 @@ def numpy_version() -> str:
     return importlib.metadata.version("numpy")
 
 
+def libpython() -> Path | None:
+    """This interpreter's shared libpython (libpython3.X.so.1.0), None if it has none."""
+    name = sysconfig.get_config_var("INSTSONAME")
+    path = Path(sysconfig.get_config_var("LIBDIR") or "") / (name or "")
+    return path if name and path.is_file() else None
+
+
 def detect_environment(inst: Installation, gpus: list[gpu_info.Gpu] | None = None) -> str | None:
     """The ``--model-config-name`` for this machine.
 
@@ -359,6 +366,12 @@ class Server(ManagedProcess):
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
                 p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
             )
+        if self.installation.has_backend("onnxruntime") and (shared := libpython()):
+            # embed_graph's tokenizer op library (onnxruntime-extensions from PyPI) is built as
+            # a Python extension: loading it needs Python's C API symbols, which tritonserver
+            # lacks (dlopen: "undefined symbol: PyInstanceMethod_Type"; it loads with libpython
+            # preloaded). The stubs link this libpython anyway.
+            env["LD_PRELOAD"] = " ".join(p for p in (str(shared), env.get("LD_PRELOAD")) if p)
         # Stubs would write __pycache__ into the model folders as they load, and 2.51 takes a
         # model whose folder changed after its load for modified: the next load of an ensemble
         # would reload every step (7 loads instead of 2), and unloading several Python

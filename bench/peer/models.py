@@ -334,7 +334,7 @@ class EmbedModel(ServedModel):
         return texts
 
     def runner(self, session: Any) -> Callable[[list[str]], np.ndarray]:
-        """Texts → embeddings [rows, 384]: one tokenizer call, one encoder run, one pooling."""
+        """Texts → embeddings [rows, 384]: one tokenizer call, one encoder run (it pools)."""
 
         def run_batch(texts: list[str]) -> np.ndarray:
             tokens, _ = embed_spec.encode(texts)
@@ -342,8 +342,7 @@ class EmbedModel(ServedModel):
             # (sentence-transformers); Triton's tokenize step pads per request to a bucket.
             ids, mask = embed_spec.pad(tokens, length=max(len(t) for t in tokens))
             feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
-            (hidden,) = onnx_runner.run(session, feeds, [embed_spec.TOKEN_EMBEDDINGS])
-            return embed_spec.mean_pool(hidden, mask)
+            return onnx_runner.run(session, feeds, [embed_spec.EMBEDDING])[0]
 
         return run_batch
 

@@ -18,7 +18,13 @@ from pipelines.backend import batching as bk
 
 
 class OnnxRuntimeModel:
-    """Concatenate every request of an execute call, run once, split back in order."""
+    """Concatenate every request of an execute call, run once, split back in order.
+
+    Subclasses may check or convert inputs in ``read`` (``read(request, name)`` → array); the
+    config parameter ``onnxruntime_extensions: "yes"`` registers onnxruntime-extensions' ops.
+    """
+
+    read = staticmethod(bk.input_array)
 
     def initialize(self, args):
         """Open the session with the thread budget the config gives this instance."""
@@ -31,6 +37,7 @@ class OnnxRuntimeModel:
             path,
             intra_op_threads=int(params.get("intra_op_thread_count", "1")),
             inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+            custom_ops=params.get("onnxruntime_extensions") == "yes",
         )
         self.run = bk.concatenated(self._run)
 
@@ -45,7 +52,7 @@ class OnnxRuntimeModel:
         """
         return bk.execute(
             requests,
-            lambda r: bk.inputs(r, self.inputs),
+            lambda r: bk.inputs(r, self.inputs, self.read),
             self.run,
             group=bk.shapes,
             isolate=True,

@@ -229,6 +229,6 @@ def test_dashboard_ratios_come_out_right_from_prometheus(prometheus):
         return {r["metric"].get("model"): float(r["value"][1]) for r in result["data"]["result"]}
 
     batch = values("Formed batch size")
-    assert batch["tokenize"] >= 1.0 and batch["pool"] >= 1.0
+    assert batch["tokenize"] >= 1.0 and batch["encoder"] >= 1.0
     hits = values("Response cache hit rate")
     assert 0 < hits["embed"] <= 1

@@ -93,13 +93,15 @@ def test_int8_encoder_stays_close_to_fp32(server):
         assert cosines(int8.embed(texts), fp32.embed(texts)).min() >= export_minilm.MIN_COSINE_INT8
 
 
-def raw_infer(server, protocol: str, array: np.ndarray, datatype: str = "BYTES") -> str | None:
+def raw_infer(
+    server, protocol: str, array: np.ndarray, datatype: str = "BYTES", model: str = spec.ENSEMBLE
+) -> str | None:
     mod = module(protocol)
     with mod.InferenceServerClient(url(server, protocol)) as client:
         tensor = mod.InferInput(spec.TEXT, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         try:
-            client.infer(spec.ENSEMBLE, [tensor])
+            client.infer(model, [tensor])
         except Exception as exc:  # noqa: BLE001 - the test inspects the message
             return str(exc)
     return None
@@ -121,13 +123,27 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, protocol, case):
+@pytest.mark.parametrize("model", [spec.ENSEMBLE, spec.GRAPH_ENSEMBLE])
+def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, model, protocol, case):
     array, datatype, expected = BAD[case]
-    message = raw_infer(server, protocol, array, datatype)
+    message = raw_infer(server, protocol, array, datatype, model)
     assert message is not None and expected in message
-    with EmbedClient(url(server, protocol), protocol) as client:
+    with EmbedClient(url(server, protocol), protocol, model=model) as client:
         client.check_ready()
         assert client.embed(["still fine"]).shape == (1, spec.HIDDEN_SIZE)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_one_graph_model_matches_the_ensemble(server, reference, protocol):
+    """embed_graph (tokenizer op + encoder, one process) gives embed's vectors."""
+    texts = [*export_minilm.parity_texts(), "Café, naïve: 東京 🚀 https://example.com/a?b=1"]
+    with (
+        EmbedClient(url(server, protocol), protocol) as ensemble,
+        EmbedClient(url(server, protocol), protocol, model=spec.GRAPH_ENSEMBLE) as graph,
+    ):
+        one_graph = graph.embed(texts)
+        assert cosines(one_graph, ensemble.embed(texts)).min() >= 0.99999
+    assert cosines(one_graph, reference(texts)).min() >= SERVED_MIN_COSINE
 
 
 def test_long_and_mixed_length_texts_are_embedded_not_refused(server, reference):

@@ -9,7 +9,7 @@ what Triton 2.51 was measured to do here:
   '<instance>' is not healthy." (about 1-2 s each, never hung) while the server and the model
   still report ready; ``load_model`` with an unchanged config is a no-op; ``load_model`` with a
   changed config starts a new stub and requests succeed again;
-* a new version of ``pool`` loaded under load (explicit model control) replaces the old one
+* a new version of ``tokenize`` loaded under load (explicit model control) replaces the old one
   without a failed request;
 * a mixed soak (classify + embed, 5% bad inputs) answers every request and keeps the server's
   memory and file descriptors flat.
@@ -310,27 +310,27 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
         call = embed_sender(server, CONCURRENCY)
         warm_up(call, CONCURRENCY)
         admin = grpc.InferenceServerClient(server.grpc_url)
-        versions_before = admin.get_model_metadata(espec.POOL, as_json=True)["versions"]
-        old_stubs = process.stub_pids(server.process.pid, espec.POOL)
+        versions_before = admin.get_model_metadata(espec.TOKENIZE, as_json=True)["versions"]
+        old_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
         loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
         try:
             time.sleep(2.0)
-            # Deploy version 2 of pool (the ensemble asks for the latest: model_version -1).
-            (repo / espec.POOL / "2").mkdir()
-            source = (MODEL_REPOSITORY / espec.POOL / "1" / "model.py").resolve()
-            (repo / espec.POOL / "2" / "model.py").symlink_to(source)
+            # Deploy version 2 of tokenize (the ensemble asks for the latest: model_version -1).
+            (repo / espec.TOKENIZE / "2").mkdir()
+            source = (MODEL_REPOSITORY / espec.TOKENIZE / "1" / "model.py").resolve()
+            (repo / espec.TOKENIZE / "2" / "model.py").symlink_to(source)
             load_started = time.monotonic()
-            admin.load_model(espec.POOL, headers=server.admin_headers("grpc"))
+            admin.load_model(espec.TOKENIZE, headers=server.admin_headers("grpc"))
             loaded = time.monotonic()
             time.sleep(3.0)
         finally:
             tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
-        versions_after = admin.get_model_metadata(espec.POOL, as_json=True)["versions"]
+        versions_after = admin.get_model_metadata(espec.TOKENIZE, as_json=True)["versions"]
         index = admin.get_model_repository_index(
             headers=server.admin_headers("grpc"), as_json=True
         )["models"]
-        stats = admin.get_inference_statistics(espec.POOL, as_json=True)["model_stats"]
-        new_stubs = process.stub_pids(server.process.pid, espec.POOL)
+        stats = admin.get_inference_statistics(espec.TOKENIZE, as_json=True)["model_stats"]
+        new_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
         served_by = [process.stub_model(pid) for pid in new_stubs]
         admin.close()
     finally:
@@ -339,13 +339,13 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
     outcomes = loop.outcomes
     during = [o for o in outcomes if o.sent_at < loaded and answered_at(o) > load_started]
     after = [o for o in outcomes if o.sent_at > loaded]
-    pool_index = {m["version"]: m for m in index if m["name"] == espec.POOL}
+    step_index = {m["version"]: m for m in index if m["name"] == espec.TOKENIZE}
     v2_success = {s["version"]: int(s["inference_stats"]["success"]["count"]) for s in stats}.get(
         "2", 0
     )
     log.warning(
         "version swap: %d sent, %d ok, errors %s; load_model %.2f s with %d requests in flight "
-        "or sent meanwhile; pool versions %s -> %s; v2 served %d (%d requests sent after the "
+        "or sent meanwhile; tokenize versions %s -> %s; v2 served %d (%d requests sent after the "
         "load); stubs %s -> %s %s",
         tally.sent,
         tally.ok,
@@ -364,8 +364,8 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
     assert tally.sent == tally.ok == len(outcomes) > 0
     assert len(during) >= CONCURRENCY  # the swap happened under load
     assert versions_before == ["1"] and versions_after == ["2"]
-    assert pool_index["1"]["state"] == "UNAVAILABLE" and pool_index["2"]["state"] == "READY"
-    assert served_by == [(espec.POOL, "2")] and not set(new_stubs) & set(old_stubs)
+    assert step_index["1"]["state"] == "UNAVAILABLE" and step_index["2"]["state"] == "READY"
+    assert served_by == [(espec.TOKENIZE, "2")] and not set(new_stubs) & set(old_stubs)
     # Every request sent after load_model returned went through version 2.
     assert len(after) <= v2_success <= tally.ok
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 HTTP_REFUSED = "This API is restricted, expecting header 'admin-key'"
 GRPC_REFUSED = "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
 WRONG_KEY = "not-the-key-but-long-enough"
-SMALL_MODEL = "pool"  # loads in a second, no weights
+SMALL_MODEL = "postprocess"  # loads in a second, no weights
 
 
 def http_call(server, method: str, path: str, body: dict | None = None, headers=None):

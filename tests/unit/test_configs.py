@@ -41,16 +41,15 @@ CONTRACT[spec.ENSEMBLE] = (
     CONTRACT[spec.POSTPROCESS][1],
 )
 TOKENS = {emb.INPUT_IDS: (mc.TYPE_INT64, [-1]), emb.ATTENTION_MASK: (mc.TYPE_INT64, [-1])}
-HIDDEN = {emb.TOKEN_EMBEDDINGS: (mc.TYPE_FP32, [-1, emb.HIDDEN_SIZE])}
 TEXT = {emb.TEXT: (mc.TYPE_STRING, [1])}
 EMBEDDING = {emb.EMBEDDING: (mc.TYPE_FP32, [emb.HIDDEN_SIZE])}
 CONTRACT.update(
     {
         emb.TOKENIZE: (TEXT, TOKENS),
-        emb.ENCODER: (TOKENS, HIDDEN),
-        emb.POOL: ({**HIDDEN, emb.ATTENTION_MASK: TOKENS[emb.ATTENTION_MASK]}, EMBEDDING),
+        emb.ENCODER: (TOKENS, EMBEDDING),
         emb.ENSEMBLE: (TEXT, EMBEDDING),
         "embed_int8": (TEXT, EMBEDDING),
+        emb.GRAPH_ENSEMBLE: (TEXT, EMBEDDING),
     }
 )
 
@@ -159,7 +158,7 @@ def test_exported_encoders_match_the_spec(encoder_onnx):
         assert dims == {
             emb.INPUT_IDS: ["batch", "sequence"],
             emb.ATTENTION_MASK: ["batch", "sequence"],
-            emb.TOKEN_EMBEDDINGS: ["batch", "sequence", emb.HIDDEN_SIZE],
+            emb.EMBEDDING: ["batch", emb.HIDDEN_SIZE],
         }
 
 

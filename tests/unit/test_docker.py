@@ -263,6 +263,13 @@ def test_image_copies_the_application_and_its_requirements(dockerfile):
     }
 
 
+def test_tokenizer_op_library_is_linked_where_embed_graph_loads_it(dockerfile):
+    config = model_config.parse(REPO / "model_repository" / "embed_graph" / "config.pbtxt")
+    (library,) = config.model_operations.op_library_filename
+    (run,) = [r for r in instruction(dockerfile, "RUN") if "get_library_path()" in r]
+    assert "ln -s" in run and run.split()[-1] == library
+
+
 # --- .dockerignore -------------------------------------------------------------------------
 
 

@@ -149,3 +149,16 @@ def test_a_server_whose_stub_would_get_numpy_2_refuses_to_start(monkeypatch):
     assert server.installation.version == "2.51.0"
     with pytest.raises(launcher.ServerStartError, match=r"numpy 2\.2\.6 .* tritonserver 2\.51\.0"):
         server.prepare()
+
+
+def test_native_backends_get_libpython_preloaded_for_the_tokenizer_op(tmp_path):
+    (tmp_path / "onnxruntime").mkdir()
+    native = launcher.Installation(tmp_path / "tritonserver", tmp_path, tmp_path, bundled=False)
+    server = Server(ServerConfig())
+    server.installation = native
+    shared = launcher.libpython()
+    if shared is None:
+        pytest.skip("this Python has no shared libpython")
+    assert server.environment()["LD_PRELOAD"].split()[0] == str(shared)
+    (tmp_path / "onnxruntime").rmdir()
+    assert "LD_PRELOAD" not in server.environment() or "LD_PRELOAD" in os.environ

@@ -145,29 +145,6 @@ def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text():
     assert failed(responses[4], CANCELLED, "cancelled")
 
 
-def test_pool_groups_requests_by_sequence_length():
-    model = load(espec.POOL)
-    rng = np.random.default_rng(1)
-
-    def hidden(n, length):
-        return rng.normal(size=(n, length, 384)).astype(np.float32)
-
-    def mask(n, length, used):
-        m = np.zeros((n, length), np.int64)
-        m[:, :used] = 1
-        return m
-
-    feeds = [(hidden(1, 16), mask(1, 16, 5)), (hidden(2, 32), mask(2, 32, 20))]
-    feeds.append((hidden(1, 16), mask(1, 16, 16)))
-    responses = model.execute(
-        [request(TOKEN_EMBEDDINGS=h, ATTENTION_MASK=m) for h, m in feeds]
-        + [request(TOKEN_EMBEDDINGS=hidden(0, 16), ATTENTION_MASK=mask(0, 16, 1))]
-    )
-    for (h, m), response in zip(feeds, responses, strict=False):
-        np.testing.assert_allclose(output(response, espec.EMBEDDING), espec.mean_pool(h, m), 1e-6)
-    assert failed(responses[3], INVALID, "is empty")
-
-
 @pytest.fixture(scope="module")
 def classifier(classifier_onnx):
     return load(cspec.CLASSIFIER)
@@ -194,26 +171,70 @@ def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(cl
     np.testing.assert_allclose(output(responses[3], cspec.LOGITS), want, atol=1e-4)
 
 
-def test_encoder_runs_each_sequence_length_once(encoder_onnx):
+def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(encoder_onnx):
     model = load(espec.ENCODER)
-    ids16, mask16 = espec.tokenize(["A man is eating food.", "A man rides a horse."])
+    texts = ["A man is eating food.", "A man rides a horse."]
+    ids16, mask16 = espec.tokenize(texts)
+    ids32, mask32 = espec.pad(espec.encode(texts[:1])[0], length=32)
     ids_long, mask_long = espec.tokenize(["word " * 40])
     responses = model.execute(
         [
             request(INPUT_IDS=ids16[:1], ATTENTION_MASK=mask16[:1]),
             request(INPUT_IDS=ids_long, ATTENTION_MASK=mask_long),
             request(INPUT_IDS=ids16[1:], ATTENTION_MASK=mask16[1:]),
+            request(INPUT_IDS=ids32, ATTENTION_MASK=mask32),
         ]
     )
     together = model.run([{espec.INPUT_IDS: ids16, espec.ATTENTION_MASK: mask16}])[0]
-    np.testing.assert_allclose(
-        output(responses[0], espec.TOKEN_EMBEDDINGS),
-        together[espec.TOKEN_EMBEDDINGS][:1],
-        atol=1e-5,
+    first, second = output(responses[0], espec.EMBEDDING), output(responses[2], espec.EMBEDDING)
+    np.testing.assert_allclose(first, together[espec.EMBEDDING][:1], atol=1e-5)
+    np.testing.assert_allclose(second, together[espec.EMBEDDING][1:], atol=1e-5)
+    assert output(responses[1], espec.EMBEDDING).shape == (1, espec.HIDDEN_SIZE)
+    np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-5)
+    # More padding, same vector: the graph's pooling reads the mask.
+    np.testing.assert_allclose(output(responses[3], espec.EMBEDDING), first, atol=1e-5)
+
+
+def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(encoder_onnx):
+    model = load(espec.GRAPH_ENSEMBLE)
+    short, long_ = "A man is eating food.", "Ünïcödé, accents and emoji 🚀 " * 30
+    responses = model.execute(
+        [
+            request(TEXT=texts(short)),
+            request(TEXT=texts(short, b"\xff\xfe not UTF-8")),
+            request(TEXT=texts(long_, short)),
+            request(TEXT=texts(b"")),
+            request(cancelled=True, TEXT=texts(short)),
+        ]
     )
-    np.testing.assert_allclose(
-        output(responses[2], espec.TOKEN_EMBEDDINGS),
-        together[espec.TOKEN_EMBEDDINGS][1:],
-        atol=1e-5,
+    from export.minilm import onnx_embeddings
+
+    want = onnx_embeddings(encoder_onnx[0], [short, long_])
+    np.testing.assert_allclose(output(responses[0], espec.EMBEDDING), want[:1], atol=1e-5)
+    assert failed(responses[1], INVALID, f"{espec.TEXT}[1]: not UTF-8")
+    np.testing.assert_allclose(output(responses[2], espec.EMBEDDING), want[[1, 0]], atol=1e-5)
+    assert failed(responses[3], INVALID, "empty text")
+    assert failed(responses[4], CANCELLED, "cancelled")
+
+
+def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it():
+    """The gpu-local runner (PyTorch), here on a CPU instance; tensors leave through DLPack."""
+    from pipelines.reference import ReferenceClassifier
+
+    model = load(cspec.CLASSIFIER, config_name="gpu-local")
+    pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
+    responses = model.execute(
+        [
+            request(PIXELS=pixels[:1]),
+            request(PIXELS=np.zeros((1, 4, 224, 224), np.float32)),  # 4 channels: the pass fails
+            request(cancelled=True, PIXELS=pixels[1:]),
+            request(PIXELS=pixels),
+        ]
     )
-    assert output(responses[1], espec.TOKEN_EMBEDDINGS).shape[:2] == ids_long.shape
+    want = ReferenceClassifier(MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx").logits(
+        pixels
+    )
+    np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-3)
+    assert failed(responses[1], INVALID, "model failed")
+    assert failed(responses[2], CANCELLED, "cancelled")
+    np.testing.assert_allclose(output(responses[3], cspec.LOGITS), want, atol=1e-3)

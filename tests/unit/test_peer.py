@@ -389,8 +389,7 @@ def reference_embeddings(session, texts):
     for text in texts:
         ids, mask = embed_spec.tokenize([text])
         feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
-        (hidden,) = onnx_runner.run(session, feeds, [embed_spec.TOKEN_EMBEDDINGS])
-        rows.append(embed_spec.mean_pool(hidden, mask)[0])
+        rows.append(onnx_runner.run(session, feeds, [embed_spec.EMBEDDING])[0][0])
     return np.stack(rows)
 
 

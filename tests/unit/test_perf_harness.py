@@ -112,9 +112,9 @@ def test_cores_are_split_between_server_and_load_generator():
 
 def test_short_plan_covers_every_metric_and_stays_small():
     plan = harness.Plan.short()
-    assert plan.size() * plan.rounds <= 64
+    assert plan.size() * plan.rounds <= 72
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.EMBED_MODELS}
+    assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
     assert harness.Plan.full().size() > plan.size()
 
@@ -234,8 +234,10 @@ def test_report_and_plots_are_written(tmp_path):
 def test_full_plan_is_well_formed():
     plan = harness.Plan.full()
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {*harness.MODELS, *harness.EMBED_MODELS}
-    assert all(c.payload == "binary" or c.model in (spec.CLASSIFIER, "embed") for c in cases)
+    assert {c.model for c in cases} == {*harness.MODELS, *harness.TEXT_MODELS}
+    assert all(
+        c.payload == "binary" or c.model in (spec.CLASSIFIER, "embed", "embed_graph") for c in cases
+    )
     assert set(plan.rate_targets) == {
         (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
     }

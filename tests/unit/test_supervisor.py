@@ -59,7 +59,7 @@ def watching_us(reloads: list) -> supervisor.StubSupervisor:
 
 
 def test_a_stub_that_died_gets_its_model_reloaded_once(stubs):
-    tokenize, pool = stubs("tokenize"), stubs("pool")
+    tokenize, postprocess = stubs("tokenize"), stubs("postprocess")
     reloads: list = []
     watcher = watching_us(reloads)
     assert watcher.poll() == []
@@ -71,27 +71,27 @@ def test_a_stub_that_died_gets_its_model_reloaded_once(stubs):
     assert revival.error is None and reloads == [("tokenize", tokenize.pid)]
     # The zombie lingers (tritonserver reaps it only if the old instance ever unloads): once.
     assert watcher.poll() == [] and watcher.poll() == []
-    assert reloads == [("tokenize", tokenize.pid)] and pool.poll() is None
+    assert reloads == [("tokenize", tokenize.pid)] and postprocess.poll() is None
 
 
 def test_a_stub_reaped_at_once_is_an_unload_not_a_death(stubs):
-    pool = stubs("pool")
+    stub = stubs("postprocess")
     reloads: list = []
     watcher = watching_us(reloads)
     watcher.poll()
-    pool.kill()
-    pool.wait()  # reaped, as tritonserver does when it unloads a model
+    stub.kill()
+    stub.wait()  # reaped, as tritonserver does when it unloads a model
     assert watcher.poll() == [] and watcher.poll() == [] and reloads == []
 
 
 def test_a_zombie_seen_once_then_reaped_is_not_revived(stubs):
-    pool = stubs("pool")
+    stub = stubs("postprocess")
     reloads: list = []
     watcher = watching_us(reloads)
     watcher.poll()
-    kill_unreaped(pool)
+    kill_unreaped(stub)
     watcher.poll()
-    pool.wait()
+    stub.wait()
     assert watcher.poll() == [] and reloads == []
 
 

@@ -1,0 +1,20 @@
+"""Triton adapter: embed_graph's model.onnx (tokenizer op + encoder) on onnxruntime, locally."""
+
+import numpy as np
+
+from pipelines import embedding as spec
+from pipelines.backend import batching as bk
+from pipelines.backend.onnx_model import OnnxRuntimeModel
+
+
+class TritonPythonModel(OnnxRuntimeModel):
+    """The one graph, after the checks the tokenize step makes (UTF-8, not empty, size)."""
+
+    @staticmethod
+    def read(request, name):
+        """TEXT items as str, or ``RequestError`` naming the bad one."""
+        try:
+            texts = spec.decode_texts(bk.input_array(request, name))
+        except spec.TextError as exc:
+            raise bk.RequestError(str(exc)) from None
+        return np.array(texts, dtype=object).reshape(-1, 1)
