@@ -12,7 +12,7 @@ from bench import harness, inputs, perf_analyzer, report, tune, variants
 
 EXAMPLES = """
 examples:
-  python -m bench perf                    # short run, about 5 minutes on 2 cores
+  python -m bench perf                    # short run, about 9 minutes on 2 cores
   python -m bench perf --full             # every model, protocol, variant and level
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """

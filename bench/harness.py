@@ -79,7 +79,7 @@ class Case:
 
 @dataclass
 class Plan:
-    """What a run measures. ``short()`` fits in about 5 minutes on 2 cores; ``full()`` is all."""
+    """What a run measures. ``short()`` takes about 9 minutes on 2 cores; ``full()`` is all."""
 
     rounds: int
     # (model, protocol, payload) -> concurrency levels, for the main "batching" variant.
