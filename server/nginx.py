@@ -8,7 +8,14 @@ temp files and config there, nothing under /etc or /var), for the tests and for 
 
 Render a config for N containers:
     python -m server.nginx render --http triton-0:8000 --http triton-1:8000 \
-        --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 > nginx.conf
+        --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
+        --limits docker/nginx/limits.toml > nginx.conf
+
+With ``--limits``, inference requests are shaped by token buckets per tenant and per model
+(``pipelines/shaping.py`` explains the file): a request over its tenant's or its model's rate
+gets HTTP 429 with ``Retry-After`` (gRPC ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata),
+and every shaped request is a JSON line in the shaping log, which
+``python -m server.gateway_metrics`` turns into Prometheus counters.
 """
 
 from __future__ import annotations
@@ -22,12 +29,21 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipelines.shaping import ANONYMOUS, Limit, Limits, load_limits
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
 
-__all__ = ["TEMPLATE", "Nginx", "find_nginx", "render"]
+__all__ = ["LIMITS", "SHAPING_LOG", "TEMPLATE", "Nginx", "find_nginx", "render"]
 
 TEMPLATE = REPO_ROOT / "docker" / "nginx" / "nginx.conf.template"
+LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
+# One JSON line per shaped request (server/gateway_metrics.py counts them), under the prefix.
+SHAPING_LOG = "logs/shaping.log"
+# Inference over HTTP (the model is in the path) and over gRPC (it is inside the body).
+HTTP_INFER = (
+    r"^/v2/models/(?<model_name>[^/]+)(/versions/[0-9]+)?/(infer|generate|generate_stream)$"
+)
+GRPC_INFER = r"^/inference\.GRPCInferenceService/(ModelInfer|ModelStreamInfer)$"
 INSTALL_HINT = (
     "apt-get install -y --no-install-recommends nginx (Debian 12's nginx 1.22; `make tools`), "
     "or set $NGINX to an nginx binary"
@@ -55,6 +71,127 @@ def _servers(addresses: Sequence[str], max_fails: int, fail_timeout: str) -> str
     )
 
 
+def _rate(limit: Limit) -> str:
+    # nginx takes whole requests per second or per minute.
+    if float(limit.rate).is_integer():
+        return f"{int(limit.rate)}r/s"
+    return f"{max(1, round(limit.rate * 60))}r/m"
+
+
+def _zones(kind: str, variable: str, limits: dict[str, Limit]) -> tuple[list[str], list[str]]:
+    """A zone per bucket, and the ``limit_req`` lines that apply them.
+
+    Each zone's key is non-empty only for its own tenant (model), so it holds one bucket;
+    limit_req does not count requests with an empty key.
+    """
+    defs, uses = [], []
+    for i, (name, limit) in enumerate(limits.items()):
+        key = f"$shaping_{kind}_{i}"
+        defs += [
+            f"    map {variable} {key} {{",
+            f'        "{name}" 1;',
+            '        default "";',
+            "    }",
+            f"    limit_req_zone {key} zone={kind}_{name}:1m rate={_rate(limit)};",
+        ]
+        # nginx's burst is the excess over the one request a bucket always admits (and it
+        # refuses burst=0, its default).
+        burst = f" burst={limit.capacity - 1}" if limit.capacity > 1 else ""
+        uses.append(f"limit_req zone={kind}_{name}{burst} nodelay;")
+    return defs, uses
+
+
+def _retry_after(limits: Limits) -> list[str]:
+    """``$retry_after``: seconds until both of a request's buckets gain a token."""
+    lines = ['    map "$tenant $triton_model" $retry_after {']
+    for tenant, limit in limits.tenants.items():
+        for model, model_limit in limits.models.items():
+            seconds = max(limit.retry_after, model_limit.retry_after)
+            lines.append(f'        "{tenant} {model}" {seconds};')
+        lines.append(f'        "~^{tenant} " {limit.retry_after};')
+    lines += ["        default 1;", "    }"]
+    return lines
+
+
+def shaping(limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG) -> dict[str, str]:
+    """The template's shaping fields: zones and maps, and the shaped inference locations."""
+    header = "$http_" + limits.header.lower().replace("-", "_")
+    tenant_defs, tenant_uses = _zones("tenant", "$tenant", dict(limits.tenants))
+    model_defs, model_uses = _zones("model", "$triton_model", dict(limits.models))
+    keys = [f'        "{key}" {tenant};' for key, tenant in limits.keys.items()]
+    http = [
+        "",
+        "    # Traffic shaping (limits.toml): a token bucket per tenant and one per model.",
+        f"    map {header} $tenant {{",
+        f"        default {ANONYMOUS};",
+        *keys,
+        "    }",
+        "    map $uri $triton_model {",
+        f'        "~{HTTP_INFER}" $model_name;',
+        '        default "";',
+        "    }",
+        "    map $server_port $shaping_protocol {",
+        f"        {grpc_port} grpc;",
+        "        default http;",
+        "    }",
+        *tenant_defs,
+        *model_defs,
+        *_retry_after(limits),
+        "    limit_req_status 429;",
+        # A refusal is routine here, not an error for the error log.
+        "    limit_req_log_level info;",
+        '    log_format shaping escape=json \'{"msec":"$msec","tenant":"$tenant",\'',
+        '        \'"model":"$triton_model","protocol":"$shaping_protocol",\'',
+        '        \'"limit":"$limit_req_status","status":"$status"}\';',
+        "",
+    ]
+
+    def location(pattern: str, uses: list[str], upstream: str) -> list[str]:
+        return [
+            "",
+            "        # Inference is shaped; health, metadata and statistics are not.",
+            f'        location ~ "{pattern}" {{',
+            *(f"            {use}" for use in uses),
+            "            error_page 429 = @refused;",
+            f"            access_log {log_path} shaping;",
+            f"            {upstream};",
+            "        }",
+        ]
+
+    refused_http = [
+        "        location @refused {",
+        f"            access_log {log_path} shaping;",
+        "            default_type application/json;",
+        "            add_header Retry-After $retry_after always;",
+        '            return 429 \'{"error":"rate limit exceeded for tenant $tenant: '
+        "retry after $retry_after s\"}';",
+        "        }",
+    ]
+    # A gRPC error is a trailers-only response: grpc-status 8 is RESOURCE_EXHAUSTED.
+    refused_grpc = [
+        "        location @refused {",
+        f"            access_log {log_path} shaping;",
+        "            default_type application/grpc;",
+        "            add_header grpc-status 8 always;",
+        '            add_header grpc-message "rate limit exceeded for tenant $tenant: '
+        'retry after $retry_after s" always;',
+        "            add_header retry-after $retry_after always;",
+        "            return 204;",
+        "        }",
+    ]
+    return {
+        "@SHAPING@": "\n".join(http),
+        "@HTTP_SHAPED@": "\n".join(
+            location(HTTP_INFER, tenant_uses + model_uses, "proxy_pass http://triton_http")
+            + refused_http
+        ),
+        # The model zones would never count here: $triton_model is empty for gRPC.
+        "@GRPC_SHAPED@": "\n".join(
+            location(GRPC_INFER, tenant_uses, "grpc_pass grpc://triton_grpc") + refused_grpc
+        ),
+    }
+
+
 def render(
     http_upstreams: Sequence[str],
     grpc_upstreams: Sequence[str],
@@ -67,6 +204,8 @@ def render(
     fail_timeout: str = "2s",
     user: str | None = None,
     template: Path = TEMPLATE,
+    limits: Limits | None = None,
+    shaping_log: str = SHAPING_LOG,
 ) -> str:
     """The nginx config for these upstreams (``host:port`` each) and listen ports.
 
@@ -82,6 +221,9 @@ def render(
         fail_timeout: how long a failed server stays out before nginx tries it again.
         user: the ``user`` directive (only meaningful when nginx starts as root).
         template: the template file.
+        limits: token buckets per tenant and model (``pipelines.shaping``); None: no shaping.
+        shaping_log: where nginx writes a JSON line per shaped request (relative paths are
+            under nginx's prefix).
 
     Returns:
         The config text.
@@ -98,6 +240,10 @@ def render(
         # Every server once at most: more tries would only come back to a failed one.
         "@TRIES@": str(max(len(http_upstreams), len(grpc_upstreams))),
     }
+    if limits is None:
+        fields.update({"@SHAPING@": "", "@HTTP_SHAPED@": "", "@GRPC_SHAPED@": ""})
+    else:
+        fields.update(shaping(limits, grpc_port, shaping_log))
     text = template.read_text()
     for name, value in fields.items():
         text = text.replace(name, value)
@@ -121,8 +267,10 @@ class Nginx(ManagedProcess):
         host: str = "127.0.0.1",
         workers: int = 1,
         log_path: Path | None = None,
+        limits: Limits | None = None,
     ):
         super().__init__(log_path)
+        self.limits = limits
         self.binary = find_nginx()
         self.http_upstreams = list(http_upstreams)
         self.grpc_upstreams = list(grpc_upstreams)
@@ -148,6 +296,13 @@ class Nginx(ManagedProcess):
         return f"http://{self.http_url}/nginx-ready"
 
     @property
+    def shaping_log(self) -> Path:
+        """The JSON lines of shaped requests (with ``limits``), inside the prefix."""
+        if self.prefix is None:
+            raise RuntimeError("nginx has not been prepared yet")
+        return self.prefix / SHAPING_LOG
+
+    @property
     def config_path(self) -> Path:
         """The rendered config (inside the prefix)."""
         if self.prefix is None:
@@ -162,6 +317,7 @@ class Nginx(ManagedProcess):
             self.grpc_port = free_port(client_host(self.host))
         self.prefix = Path(tempfile.mkdtemp(prefix="nginx-"))
         (self.prefix / "tmp").mkdir()
+        self.shaping_log.parent.mkdir()
         # Started as root, nginx runs its workers as `nobody`, who cannot enter the 0700 temp
         # prefix; keep them as the user we are.
         user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
@@ -174,6 +330,7 @@ class Nginx(ManagedProcess):
                 host=self.host,
                 workers=self.workers,
                 user=user,
+                limits=self.limits,
             )
         )
 
@@ -220,6 +377,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--workers", type=int, default=1)
     r.add_argument("--max-body", default="64m", help="client_max_body_size (default 64m)")
     r.add_argument("--user", help="the user directive, for nginx started as root")
+    r.add_argument(
+        "--limits",
+        type=Path,
+        help=f"token buckets per tenant and model (e.g. {LIMITS.relative_to(REPO_ROOT)}); "
+        "default: no shaping",
+    )
+    r.add_argument(
+        "--shaping-log",
+        default=SHAPING_LOG,
+        help=f"where nginx writes a JSON line per shaped request (default {SHAPING_LOG})",
+    )
     args = parser.parse_args(argv)
     sys.stdout.write(
         render(
@@ -231,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             max_body=args.max_body,
             user=args.user,
+            limits=load_limits(args.limits) if args.limits else None,
+            shaping_log=args.shaping_log,
         )
     )
     return 0

@@ -1,7 +1,8 @@
 """The Grafana dashboard and the alert rules against a real tritonserver's /metrics.
 
 Every metric a panel, a dashboard variable or an alert names must be one that our running server
-exports; a real Prometheus then scrapes that server and evaluates every dashboard query.
+or the gateway's shaping exporter (``server/gateway_metrics.py``) exports; a real Prometheus then
+scrapes both and evaluates every dashboard query.
 
 GPU metrics cannot come from this machine's server (no GPU): they are checked against a GPU
 server's page when there is one (the live server if it exports ``nv_gpu_*``, else
@@ -12,7 +13,6 @@ registers in its source (``TRITON_GPU_METRICS``), and the test says which one it
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,8 +23,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest, start_http_server
 
 from client.embed import EmbedClient
+from server.gateway_metrics import ShapingLogExporter
+from server.launcher import free_port
 from tests import promql
 from tests.helpers import prometheus_tool
 
@@ -76,9 +79,27 @@ def metrics_page(server) -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(server) -> set[str]:
+def gateway_exporter(tmp_path_factory):
+    """The shaping exporter over a log of admitted and refused requests, serving /metrics."""
+    shaping_log = tmp_path_factory.mktemp("gateway") / "shaping.log"
+    entry = '{{"tenant":"team-a","model":"embed","protocol":"http","limit":"{}","status":"200"}}\n'
+    shaping_log.write_text(entry.format("PASSED") * 3 + entry.format("REJECTED"))
+    exporter = ShapingLogExporter(shaping_log, interval=0.1)
+    port = free_port()
+    with exporter:
+        http_server, thread = start_http_server(port, "127.0.0.1", registry=exporter.registry)
+        try:
+            yield exporter, f"127.0.0.1:{port}", shaping_log, entry
+        finally:
+            http_server.shutdown()
+            thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def exported(server, gateway_exporter) -> set[str]:
     send_traffic(server)
-    return promql.exported_metric_names(metrics_page(server))
+    gateway = generate_latest(gateway_exporter[0].registry).decode()
+    return promql.exported_metric_names(metrics_page(server) + gateway)
 
 
 def test_server_page_has_the_per_model_and_cache_families(exported):
@@ -126,12 +147,6 @@ def test_gpu_metrics_of_the_dashboard_are_verified_only_against_a_gpu_server_or_
 # --- a real Prometheus evaluates every dashboard query ---------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def api(base: str, path: str, **params) -> dict:
     url = f"{base}{path}?{urllib.parse.urlencode(params)}"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -139,8 +154,8 @@ def api(base: str, path: str, **params) -> dict:
 
 
 @pytest.fixture(scope="module")
-def prometheus(server, tmp_path_factory):
-    """A Prometheus scraping the test server every second, on a free loopback port."""
+def prometheus(server, gateway_exporter, tmp_path_factory):
+    """A Prometheus scraping the test server and the gateway exporter every second."""
     work = tmp_path_factory.mktemp("prometheus")
     target = urllib.parse.urlsplit(server.metrics_url)
     config = {
@@ -150,7 +165,8 @@ def prometheus(server, tmp_path_factory):
                 "job_name": "triton",
                 "metrics_path": target.path,
                 "static_configs": [{"targets": [target.netloc]}],
-            }
+            },
+            {"job_name": "gateway", "static_configs": [{"targets": [gateway_exporter[1]]}]},
         ],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -180,8 +196,11 @@ def prometheus(server, tmp_path_factory):
                 pytest.fail(f"Prometheus did not scrape the server: {(work / 'prometheus.log')}")
             time.sleep(0.5)
         # Traffic spread over several scrapes, so rates and ratios have two samples to work on.
-        for _ in range(6):
+        _, _, shaping_log, entry = gateway_exporter
+        for i in range(6):
             send_traffic(server, repeats=2)
+            with shaping_log.open("a") as f:
+                f.write(entry.format("PASSED") + entry.format("REJECTED") * (i % 2))
             time.sleep(SCRAPE_INTERVAL_S)
         yield base
     finally:
@@ -232,3 +251,5 @@ def test_dashboard_ratios_come_out_right_from_prometheus(prometheus):
     assert batch["tokenize"] >= 1.0 and batch["encoder"] >= 1.0
     hits = values("Response cache hit rate")
     assert 0 < hits["embed"] <= 1
+    refused = values("Refused share by model")  # 3 refused of 12 lines, spread over scrapes
+    assert 0 < refused["embed"] < 1

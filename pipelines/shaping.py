@@ -1,0 +1,259 @@
+"""Traffic shaping at the gateway: token buckets per tenant and per model, from one TOML file.
+
+``docker/nginx/limits.toml`` sets a rate and a capacity for every tenant and every model. nginx
+enforces it with ``limit_req`` (``server/nginx.py`` renders the zones), and ``client.router``
+enforces the same file with :class:`Shaper`, so that either gateway admits the same requests.
+
+A bucket holds at most ``capacity`` tokens and gains ``rate`` tokens a second; it starts full.
+A request takes one token from its tenant's bucket and one from its model's; when either is
+empty, it is refused (HTTP 429, gRPC ``RESOURCE_EXHAUSTED``) and takes nothing from either.
+So a tenant that sends faster than its rate is admitted ``capacity`` requests at once and then
+``rate`` a second, whatever it sends. nginx's ``limit_req zone=... burst=B nodelay`` is the
+same bucket with ``capacity = B + 1``.
+
+Tenants are told apart by an API key in a header (``X-Api-Key``; gRPC metadata ``x-api-key``).
+Requests without a known key belong to the ``anonymous`` tenant, which has a bucket of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (the NGC container): the same parser from PyPI
+    import tomli as tomllib
+
+__all__ = [
+    "ANONYMOUS",
+    "METRIC",
+    "Bucket",
+    "Decision",
+    "Limit",
+    "Limits",
+    "Shaper",
+    "load_limits",
+    "retry_after_s",
+]
+
+ANONYMOUS = "anonymous"
+DEFAULT_HEADER = "X-Api-Key"
+# The Prometheus counter both gateways keep (server/gateway_metrics.py for nginx, client.router
+# for the Python router): requests by gateway, tenant, model, protocol and outcome.
+METRIC = "gateway_requests"
+METRIC_HELP = "Inference requests seen by the gateway's traffic shaping, by outcome."
+LABELS = ("gateway", "tenant", "model", "protocol", "outcome")
+ADMITTED = "admitted"
+REFUSED = "refused"
+# Names become nginx zone and variable names: keep them to what both accept.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# Keys are written into nginx's config inside double quotes.
+KEY = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{8,256}$")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A token bucket's settings: ``rate`` tokens per second, at most ``capacity`` stored."""
+
+    rate: float
+    capacity: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rate, int | float) and math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"rate must be a number > 0 (requests per second), got {self.rate!r}")
+        if not isinstance(self.capacity, int) or isinstance(self.capacity, bool):
+            raise ValueError(f"capacity must be a whole number, got {self.capacity!r}")
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds in which an empty bucket gains a token: the ``Retry-After`` hint."""
+        return retry_after_s(1.0 / self.rate)
+
+
+def retry_after_s(seconds: float) -> int:
+    """``Retry-After`` in whole seconds (what the header allows), never 0."""
+    return max(1, math.ceil(seconds - 1e-9))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every tenant's and every model's bucket, and how tenants are identified.
+
+    Attributes:
+        tenants: tenant name → its limit (``anonymous`` included).
+        keys: API key → tenant name.
+        models: model name → its limit (models not listed are not limited per model).
+        header: the HTTP header with the API key (gRPC: the same name, lower case, as metadata).
+    """
+
+    tenants: Mapping[str, Limit]
+    keys: Mapping[str, str]
+    models: Mapping[str, Limit]
+    header: str = DEFAULT_HEADER
+
+    def tenant_of(self, headers: Mapping[str, str] | None) -> str:
+        """The tenant whose key is in ``headers`` (names compared case-insensitively)."""
+        wanted = self.header.lower()
+        for name, value in (headers or {}).items():
+            if name.lower() == wanted:
+                return self.keys.get(value, ANONYMOUS)
+        return ANONYMOUS
+
+
+def _limit(section: object, where: str) -> Limit:
+    if not isinstance(section, dict):
+        raise ValueError(f"{where} must be a table with rate and capacity")
+    unknown = set(section) - {"rate", "capacity", "keys"}
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {sorted(unknown)}")
+    if "rate" not in section or "capacity" not in section:
+        raise ValueError(f"{where} needs both rate and capacity")
+    try:
+        return Limit(section["rate"], section["capacity"])
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _name(name: str, where: str) -> str:
+    if not NAME.match(name):
+        raise ValueError(f"{where} name {name!r}: use letters, digits, '-' and '_' (at most 63)")
+    return name
+
+
+def parse_limits(data: Mapping[str, object]) -> Limits:
+    """Limits from the parsed TOML document.
+
+    Raises:
+        ValueError: a missing, unknown or invalid setting; the message names it.
+    """
+    unknown = set(data) - {"header", "anonymous", "tenants", "models"}
+    if unknown:
+        raise ValueError(f"unknown top-level setting(s) {sorted(unknown)}")
+    header = data.get("header", DEFAULT_HEADER)
+    if not isinstance(header, str) or not re.match(r"^[A-Za-z][A-Za-z0-9-]*$", header):
+        raise ValueError(f"header must be an HTTP header name, got {header!r}")
+    if "anonymous" not in data:
+        raise ValueError("[anonymous] is required: the bucket of requests without a known key")
+    tenants = {ANONYMOUS: _limit(data["anonymous"], "[anonymous]")}
+    keys: dict[str, str] = {}
+    for name, section in dict(data.get("tenants", {})).items():
+        where = f"[tenants.{name}]"
+        if _name(name, "tenant") in tenants:
+            raise ValueError(f"{where}: {name!r} is reserved or given twice")
+        tenants[name] = _limit(section, where)
+        tenant_keys = section.get("keys")
+        if not isinstance(tenant_keys, list) or not tenant_keys:
+            raise ValueError(f"{where} needs keys = [...] (the API keys of that tenant)")
+        for key in tenant_keys:
+            if not isinstance(key, str) or not KEY.match(key):
+                raise ValueError(
+                    f"{where}: a key must be 8-256 printable ASCII characters without quotes, "
+                    "backslashes or spaces"
+                )
+            if key in keys:
+                raise ValueError(f"{where}: key is also a key of tenant {keys[key]!r}")
+            keys[key] = name
+    models = {}
+    for name, section in dict(data.get("models", {})).items():
+        models[_name(name, "model")] = _limit(section, f"[models.{name}]")
+        if "keys" in section:
+            raise ValueError(f"[models.{name}]: keys belong to tenants")
+    return Limits(tenants, keys, models, header)
+
+
+def load_limits(path: str | Path) -> Limits:
+    """Read and check the limits file (TOML).
+
+    Raises:
+        ValueError: the file is not valid TOML or a setting is wrong (the message says which).
+    """
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    try:
+        return parse_limits(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+class Bucket:
+    """One token bucket (not thread-safe: :class:`Shaper` holds the lock)."""
+
+    def __init__(self, limit: Limit, now: float):
+        self.limit = limit
+        self.tokens = float(limit.capacity)
+        self.updated = now
+
+    def refill(self, now: float) -> None:
+        """Add the tokens earned since the last refill, up to the capacity."""
+        earned = (now - self.updated) * self.limit.rate
+        self.tokens = min(float(self.limit.capacity), self.tokens + max(0.0, earned))
+        self.updated = now
+
+    def wait(self) -> float:
+        """Seconds until the bucket holds a whole token (0 if it does)."""
+        return max(0.0, (1.0 - self.tokens) / self.limit.rate)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the shaper decided for one request.
+
+    Attributes:
+        admitted: True if the request may go on.
+        tenant: the tenant it was counted for.
+        limited_by: ``"tenant"`` or ``"model"`` when refused, else ``None``.
+        retry_after: whole seconds after which a retry can be admitted (0 when admitted).
+    """
+
+    admitted: bool
+    tenant: str
+    limited_by: str | None = None
+    retry_after: int = 0
+
+
+class Shaper:
+    """Token buckets for every tenant and model of ``limits``; thread-safe.
+
+    Args:
+        limits: the settings (see :func:`load_limits`).
+        clock: seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic):
+        self.limits = limits
+        self._clock = clock
+        now = clock()
+        self._tenants = {name: Bucket(limit, now) for name, limit in limits.tenants.items()}
+        self._models = {name: Bucket(limit, now) for name, limit in limits.models.items()}
+        self._lock = threading.Lock()
+
+    def admit(self, tenant: str, model: str) -> Decision:
+        """Take a token from ``tenant``'s bucket and from ``model``'s (if it has one).
+
+        Either both are taken or neither: a refused request costs nothing, as in nginx.
+        """
+        with self._lock:
+            now = self._clock()
+            buckets = [("tenant", self._tenants[tenant])]
+            if model in self._models:
+                buckets.append(("model", self._models[model]))
+            for _, bucket in buckets:
+                bucket.refill(now)
+            empty = [(kind, b) for kind, b in buckets if b.tokens < 1.0]
+            if empty:
+                kind, _ = empty[0]
+                wait = max(b.wait() for _, b in empty)
+                return Decision(False, tenant, kind, retry_after_s(wait))
+            for _, bucket in buckets:
+                bucket.tokens -= 1.0
+            return Decision(True, tenant)

@@ -1,0 +1,173 @@
+"""Prometheus counters of nginx's traffic shaping, read from its shaping log.
+
+nginx (rendered with ``--limits``, see ``server/nginx.py``) writes one JSON line per inference
+request it shapes: tenant, model, protocol and ``$limit_req_status`` (``PASSED`` or
+``REJECTED``). Open-source nginx keeps no counters of its own for ``limit_req``, so this
+exporter follows that file and serves ``gateway_requests_total`` on ``/metrics``, with the same
+name and labels as ``client.router``'s counter (``gateway="nginx"`` here).
+
+    python -m server.gateway_metrics --log /var/log/nginx/shaping.log --port 9145
+
+A rotated or truncated log is followed from its start; lines are counted once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from pipelines import shaping
+
+__all__ = ["ShapingLogExporter", "count_line"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9145
+GATEWAY = "nginx"
+# $limit_req_status → our outcome; DELAYED never happens with `nodelay`, and the dry-run
+# statuses only with limit_req_dry_run, which the rendered config does not use.
+OUTCOMES = {"PASSED": shaping.ADMITTED, "REJECTED": shaping.REFUSED}
+
+
+def make_counter(registry: CollectorRegistry) -> Counter:
+    """The shaping counter on ``registry`` (``gateway_requests_total``)."""
+    return Counter(shaping.METRIC, shaping.METRIC_HELP, shaping.LABELS, registry=registry)
+
+
+def count_line(counter: Counter, line: str) -> bool:
+    """Count one line of the shaping log; False (and nothing counted) if it is not one."""
+    try:
+        entry = json.loads(line)
+        outcome = OUTCOMES[entry["limit"]]
+        labels = (GATEWAY, entry["tenant"], entry["model"], entry["protocol"], outcome)
+    except (ValueError, KeyError, TypeError):
+        return False
+    counter.labels(*labels).inc()
+    return True
+
+
+class ShapingLogExporter:
+    """Follows nginx's shaping log and counts every line; ``start()``/``stop()`` its thread.
+
+    Args:
+        path: the log file (it may not exist yet).
+        registry: where the counter lives (a new one by default).
+        interval: seconds between looks at the file.
+        from_start: count what the file already holds (else only lines written later).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        registry: CollectorRegistry | None = None,
+        interval: float = 0.2,
+        from_start: bool = True,
+    ):
+        self.path = Path(path)
+        self.registry = registry or CollectorRegistry()
+        self.counter = make_counter(self.registry)
+        self.interval = interval
+        self.skipped = 0  # lines that were not shaping entries
+        self._offset: int | None = None if from_start else self._size()
+        self._inode: int | None = None
+        self._partial = b""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def poll(self) -> int:
+        """Count the complete lines written since the last poll; returns how many."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return 0
+        if self._inode != stat.st_ino or stat.st_size < (self._offset or 0):
+            # A new file (rotated) or a truncated one: start over at its beginning. A first
+            # look with from_start=False keeps the offset taken at creation.
+            first = self._inode is None and self._offset is not None
+            self._inode, self._partial = stat.st_ino, b""
+            if not first:
+                self._offset = 0
+        with self.path.open("rb") as f:
+            f.seek(self._offset or 0)
+            data = self._partial + f.read()
+            self._offset = f.tell()
+        *lines, self._partial = data.split(b"\n")
+        counted = 0
+        for line in lines:
+            if count_line(self.counter, line.decode("utf-8", "replace")):
+                counted += 1
+            elif line.strip():
+                self.skipped += 1
+        return counted
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except OSError as exc:  # a file being rotated: try again at the next look
+                log.warning("reading %s failed: %s", self.path, exc)
+
+    def start(self) -> ShapingLogExporter:
+        """Follow the file in a background thread."""
+        self.poll()
+        self._thread = threading.Thread(target=self._run, name="shaping-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop following (after one last look at the file)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.poll()
+
+    def __enter__(self) -> ShapingLogExporter:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m server.gateway_metrics``: serve the shaping counters until interrupted."""
+    parser = argparse.ArgumentParser(
+        prog="python -m server.gateway_metrics",
+        description="Serve nginx's traffic-shaping counts (its shaping log) to Prometheus.",
+        epilog="example: python -m server.gateway_metrics --log /var/log/nginx/shaping.log "
+        "--port 9145",
+    )
+    parser.add_argument("--log", required=True, type=Path, help="nginx's shaping log")
+    parser.add_argument("--host", default=os.environ.get("GATEWAY_METRICS_HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    exporter = ShapingLogExporter(args.log).start()
+    server, thread = start_http_server(args.port, args.host, registry=exporter.registry)
+    log.info("counting %s, serving /metrics on %s:%d", args.log, args.host, args.port)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+        exporter.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""Traffic shaping under load: real nginx and the Python router in front of two real tritonservers.
+
+A "flood" tenant sends five times its rate; a "calm" tenant sends at its own. Every
+request is scheduled at a fixed time (open loop: a slow answer does not slow the sender), and
+each one ends as answered, refused (HTTP 429 / gRPC RESOURCE_EXHAUSTED) or failed. The tests
+assert what shaping promises:
+
+* the flood is admitted its capacity plus its rate times the time it sent, the rest refused;
+* the calm tenant is refused nothing, and its p99 stays within 1.5x of its p99 alone;
+* the same for one model flooded past its per-model limit, with another model alongside;
+* nothing is lost: every request sent is answered or refused, none fails or hangs.
+
+The flood sends many small requests (one text), the calm tenant fewer larger ones (8 texts).
+Unshaped, five times the flood's rate loads this machine's two cores so that the calm tenant's
+p99 rises past 1.5x (1.7x, with all 600 flood requests admitted, when the flood tenant's bucket
+was raised to 1000/s); shaped, the flood keeps to a fifth of that (1.1-1.2x in the same runs),
+and a calm request that meets one of its requests waits for one small batch at most.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from client.embed import build_inputs
+from client.router import RateLimited, Router
+from pipelines import embedding as spec
+from pipelines import shaping
+from server import Server, ServerConfig
+from server.gateway_metrics import ShapingLogExporter
+from server.nginx import Nginx, find_nginx
+
+pytestmark = pytest.mark.integration
+
+log = logging.getLogger(__name__)
+
+FLOOD_KEY, CALM_KEY, WIDE_KEY = "flood-key-0001", "calm-key-0001", "wide-key-0001"
+FLOOD = shaping.Limit(rate=20, capacity=20)
+MODEL = shaping.Limit(rate=20, capacity=20)  # the per-model limit, on `tokenize`
+LIMITS = shaping.parse_limits(
+    {
+        "anonymous": {"rate": 1, "capacity": 1},
+        "tenants": {
+            "flood": {"keys": [FLOOD_KEY], "rate": FLOOD.rate, "capacity": FLOOD.capacity},
+            "calm": {"keys": [CALM_KEY], "rate": 8, "capacity": 8},
+            # Only the model's bucket limits this tenant.
+            "wide": {"keys": [WIDE_KEY], "rate": 1000, "capacity": 1000},
+        },
+        "models": {spec.TOKENIZE: {"rate": MODEL.rate, "capacity": MODEL.capacity}},
+    }
+)
+EXTRA_ARGS = [
+    "--model-control-mode=explicit",
+    f"--load-model={spec.ENSEMBLE}",  # with its steps, tokenize among them
+]
+CALM_TEXTS = 8  # per calm request
+CALM_RATE = 8.0  # per second: the calm tenant's rate
+SEND_S = 5.0
+WARMUP_S = 1.0  # the flood's first burst is spent before the calm tenant is measured
+P99_RATIO = 1.5
+PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+
+
+# Servers, gateway -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def servers(encoder_onnx, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("shaping")
+    started: list[Server] = []
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [
+                pool.submit(
+                    lambda i: Server(
+                        ServerConfig(
+                            http_port=0, grpc_port=0, metrics_port=0, extra_args=EXTRA_ARGS
+                        ),
+                        log_path=logs / f"triton-{i}.log",
+                    ).start(timeout=120),
+                    i,
+                )
+                for i in range(2)
+            ]
+            for future in futures:
+                started.append(future.result())
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(servers, tmp_path_factory):
+    try:
+        find_nginx()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
+    nginx = Nginx(
+        [s.http_url for s in servers],
+        [s.grpc_url for s in servers],
+        limits=LIMITS,
+        log_path=tmp_path_factory.mktemp("nginx") / "nginx.log",
+    )
+    with nginx:
+        exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1)
+        with exporter:
+            yield nginx, exporter
+
+
+# Open-loop load -------------------------------------------------------------------------------
+@dataclass
+class Outcomes:
+    """How every request of one sender ended, with latencies of the answered ones (ms)."""
+
+    sent: int = 0
+    answered: int = 0
+    refused: int = 0
+    failed: list[str] | None = None
+    latencies_ms: list[float] | None = None
+    first_s: float = 0.0
+    last_s: float = 0.0
+
+    def p99(self) -> float:
+        return float(np.percentile(self.latencies_ms, 99))
+
+
+REFUSED = {"429", "StatusCode.RESOURCE_EXHAUSTED"}
+
+
+def send_at_rate(send: Callable[[int], None], rate: float, start: float, duration: float):
+    """Call ``send(i)`` at ``start + i / rate`` for ``duration`` seconds; returns Outcomes."""
+    out = Outcomes(failed=[], latencies_ms=[])
+    lock = threading.Lock()
+    count = int(duration * rate)
+
+    def one(i: int) -> None:
+        began = time.monotonic()
+        try:
+            send(i)
+        except InferenceServerException as exc:
+            with lock:
+                if exc.status() in REFUSED:
+                    out.refused += 1
+                else:
+                    out.failed.append(f"{exc.status()}: {exc.message()}")
+            return
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded and asserted on
+            with lock:
+                out.failed.append(f"{type(exc).__name__}: {exc}")
+            return
+        with lock:
+            out.answered += 1
+            out.latencies_ms.append((time.monotonic() - began) * 1000)
+
+    with ThreadPoolExecutor(16) as pool:
+        futures = []
+        for i in range(count):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            now = time.monotonic()
+            out.first_s = out.first_s or now
+            out.last_s = now
+            futures.append(pool.submit(one, i))
+        out.sent = len(futures)
+        _, hung = wait(futures, timeout=60)
+    assert not hung, f"{len(hung)} requests hung"
+    return out
+
+
+_serial = itertools.count()
+
+
+def texts(tag: str, n: int) -> list[str]:
+    # Distinct texts in every request of every phase: the response cache must not answer them.
+    i = next(_serial)
+    return [f"{tag} request {i} sentence {j} about shaping traffic" for j in range(n)]
+
+
+class Client:
+    """Sends through nginx over one protocol, with a tenant's key; one client per thread."""
+
+    def __init__(self, url: str, protocol: str):
+        self.mod = PROTOCOLS[protocol]
+        self.url = url
+        self._local = threading.local()
+        self._made: list = []
+        self._lock = threading.Lock()
+
+    def _client(self):
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self.mod.InferenceServerClient(self.url)
+            with self._lock:
+                self._made.append(client)
+        return client
+
+    def sender(self, key: str, model: str, tag: str, n_texts: int):
+        def send(i: int) -> None:
+            # gRPC metadata keys are lower case; HTTP headers match either way.
+            headers = {"x-api-key": key, "x-user-id": f"{tag}-{i % 7}"}
+            if model == spec.TOKENIZE:
+                inputs = [self.mod.InferInput(spec.TEXT, [1, 1], "BYTES")]
+                inputs[0].set_data_from_numpy(np.array([[texts(tag, 1)[0]]], dtype=object))
+            else:
+                inputs = build_inputs(self.mod, texts(tag, n_texts))
+            self._client().infer(model, inputs, headers=headers)
+
+        return send
+
+    def close(self) -> None:
+        for client in self._made:
+            client.close()
+
+
+def flood_and_calm(flood_send, calm_send, flood_rate: float):
+    """The calm tenant alone, then under the flood, then alone again."""
+    send_at_rate(calm_send, CALM_RATE, time.monotonic(), 1.0)  # warm connections and models
+    alone = [send_at_rate(calm_send, CALM_RATE, time.monotonic(), SEND_S)]
+    start = time.monotonic()
+    results: dict[str, Outcomes] = {}
+    flood = threading.Thread(
+        target=lambda: results.setdefault(
+            "flood", send_at_rate(flood_send, flood_rate, start, WARMUP_S + SEND_S)
+        )
+    )
+    flood.start()
+    calm = send_at_rate(calm_send, CALM_RATE, start + WARMUP_S, SEND_S)
+    flood.join(timeout=90)
+    assert not flood.is_alive(), "the flood's sender hung"
+    alone.append(send_at_rate(calm_send, CALM_RATE, time.monotonic() + 1.0, SEND_S))
+    return results["flood"], calm, alone
+
+
+def admitted_bounds(limit: shaping.Limit, out: Outcomes) -> tuple[float, float]:
+    """What the bucket admits over the time the flood was sent, with margins for arrival jitter."""
+    expected = limit.capacity + limit.rate * (out.last_s - out.first_s)
+    return expected - 2 - 0.1 * limit.rate, expected + 2 + 0.1 * limit.rate
+
+
+def check(flood: Outcomes, calm: Outcomes, alone: list[Outcomes], limit: shaping.Limit) -> None:
+    log.info(
+        "flood: %d sent, %d answered, %d refused; calm p99 %.1f ms vs alone %s ms",
+        flood.sent,
+        flood.answered,
+        flood.refused,
+        calm.p99(),
+        [round(a.p99(), 1) for a in alone],
+    )
+    for out in (flood, calm, *alone):
+        assert not out.failed, out.failed[:5]
+        assert out.answered + out.refused == out.sent  # nothing lost
+    low, high = admitted_bounds(limit, flood)
+    assert low <= flood.answered <= high, (flood.answered, low, high)
+    assert flood.refused >= flood.sent - high
+    assert calm.refused == 0 and all(a.refused == 0 for a in alone)
+    baseline = max(a.p99() for a in alone)
+    assert calm.p99() <= P99_RATIO * baseline, (calm.p99(), baseline)
+
+
+# The tests ------------------------------------------------------------------------------------
+def test_nginx_holds_a_flooding_tenant_to_its_bucket_and_spares_the_other(gateway):
+    nginx, exporter = gateway
+    protocol = "http"
+    client = Client(nginx.http_url, protocol)
+    before = metric(exporter, "flood", "refused", protocol)
+    try:
+        flood, calm, alone = flood_and_calm(
+            client.sender(FLOOD_KEY, spec.ENSEMBLE, "flood", 1),
+            client.sender(CALM_KEY, spec.ENSEMBLE, "calm", CALM_TEXTS),
+            5 * FLOOD.rate,
+        )
+    finally:
+        client.close()
+    check(flood, calm, alone, FLOOD)
+    # Prometheus sees every refusal (the exporter reads nginx's shaping log).
+    deadline = time.monotonic() + 10
+    while metric(exporter, "flood", "refused", protocol) - before < flood.refused:
+        assert time.monotonic() < deadline, "the exporter did not count every refusal"
+        time.sleep(0.1)
+    assert metric(exporter, "flood", "refused", protocol) - before == flood.refused
+
+
+def test_nginx_holds_a_flooded_model_to_its_bucket_and_spares_other_models(gateway):
+    nginx, _ = gateway
+    client = Client(nginx.http_url, "http")
+    try:
+        flood, calm, alone = flood_and_calm(
+            client.sender(WIDE_KEY, spec.TOKENIZE, "model-flood", 1),
+            client.sender(CALM_KEY, spec.ENSEMBLE, "model-calm", CALM_TEXTS),
+            5 * MODEL.rate,
+        )
+    finally:
+        client.close()
+    check(flood, calm, alone, MODEL)
+
+
+def test_refusals_carry_retry_after_over_http(gateway):
+    import urllib.error
+    import urllib.request
+
+    nginx, _ = gateway
+    statuses = Counter()
+    retry_after = set()
+    for i in range(3):  # the anonymous bucket holds one request
+        body = (
+            b'{"inputs":[{"name":"TEXT","shape":[1,1],"datatype":"BYTES","data":["hi '
+            + str(i).encode()
+            + b'"]}]}'
+        )
+        request = urllib.request.Request(
+            f"http://{nginx.http_url}/v2/models/{spec.TOKENIZE}/infer", data=body, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                statuses[response.status] += 1
+        except urllib.error.HTTPError as exc:
+            statuses[exc.code] += 1
+            retry_after.add(exc.headers.get("Retry-After"))
+    assert statuses[200] >= 1 and statuses[429] >= 1, statuses
+    assert retry_after == {"1"}
+    # Health and metadata are never shaped, however empty the bucket.
+    with httpclient.InferenceServerClient(nginx.http_url) as client:
+        for _ in range(5):
+            assert client.is_server_ready() and client.get_model_metadata(spec.TOKENIZE)
+
+
+def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    nginx, exporter = gateway
+    # A tenant's bucket is shared by HTTP and gRPC: the anonymous one (1/s) is spent over HTTP.
+    before = metric(exporter, shaping.ANONYMOUS, "refused", "grpc")
+    http = Client(nginx.http_url, "http")
+    try:
+        spent = send_at_rate(http.sender("no-such-key-0", spec.TOKENIZE, "spend", 1), 200, 0, 0.02)
+    finally:
+        http.close()
+    assert spent.refused >= 1 and not spent.failed
+    request = service_pb2.ModelInferRequest(model_name=spec.TOKENIZE)
+    text = request.inputs.add(name=spec.TEXT, datatype="BYTES", shape=[1, 1])
+    text.contents.bytes_contents.append(b"over the rate")
+    with grpc.insecure_channel(nginx.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "tenant anonymous" in refused.value.details()
+    assert ("retry-after", "1") in tuple(refused.value.initial_metadata() or ()) + tuple(
+        refused.value.trailing_metadata() or ()
+    )
+    deadline = time.monotonic() + 10
+    while metric(exporter, shaping.ANONYMOUS, "refused", "grpc") == before:
+        assert time.monotonic() < deadline, "the exporter did not count the gRPC refusal"
+        time.sleep(0.1)
+
+
+def test_the_router_shapes_like_nginx(servers):
+    shards = {f"s{i}": s.http_url for i, s in enumerate(servers)}
+    with Router(shards, "http", limits=LIMITS, health_interval=None) as router:
+        counter = itertools.count()
+
+        def sender(key: str, tag: str, n_texts: int):
+            def send(i: int) -> None:
+                inputs = build_inputs(router.mod, texts(tag, n_texts))
+                router.infer(
+                    f"{tag}-{next(counter) % 7}", spec.ENSEMBLE, inputs, headers={"X-Api-Key": key}
+                )
+
+            return send
+
+        flood, calm, alone = flood_and_calm(
+            sender(FLOOD_KEY, "router-flood", 1),
+            sender(CALM_KEY, "router-calm", CALM_TEXTS),
+            5 * FLOOD.rate,
+        )
+        refused = router.registry.get_sample_value(
+            f"{shaping.METRIC}_total",
+            {"gateway": "router", "tenant": "flood", "model": spec.ENSEMBLE, "protocol": "http",
+             "outcome": "refused"},
+        )  # fmt: skip
+    check(flood, calm, alone, FLOOD)
+    assert refused == flood.refused
+    assert issubclass(RateLimited, InferenceServerException)
+
+
+def metric(exporter: ShapingLogExporter, tenant: str, outcome: str, protocol: str) -> float:
+    model = spec.ENSEMBLE if protocol == "http" else ""  # nginx cannot see a gRPC model
+    labels = {"gateway": "nginx", "tenant": tenant, "model": model, "protocol": protocol}
+    value = exporter.registry.get_sample_value(
+        f"{shaping.METRIC}_total", {**labels, "outcome": outcome}
+    )
+    return value or 0.0

@@ -1,0 +1,268 @@
+"""Token buckets (pipelines/shaping.py), the shaping log exporter and the router's shaping."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import tomllib
+from prometheus_client import generate_latest
+
+from client.router import RateLimited, Router, is_retryable
+from pipelines import shaping
+from server.gateway_metrics import ShapingLogExporter
+from server.nginx import LIMITS, find_nginx, render
+
+SECTIONS = {
+    "anonymous": {"rate": 1, "capacity": 2},
+    "tenants": {
+        "a": {"keys": ["key-of-a-1", "key-of-a-2"], "rate": 2, "capacity": 10},
+        "b": {"keys": ["key-of-b-1"], "rate": 0.5, "capacity": 1},
+    },
+    "models": {"embed": {"rate": 4, "capacity": 3}},
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def admitted(shaper: shaping.Shaper, tenant: str, model: str, n: int) -> int:
+    return sum(shaper.admit(tenant, model).admitted for _ in range(n))
+
+
+def test_the_repository_limits_file_loads_and_names_every_tenant():
+    limits = shaping.load_limits(LIMITS)
+    assert shaping.ANONYMOUS in limits.tenants and len(limits.tenants) >= 2
+    assert set(limits.keys.values()) <= set(limits.tenants)
+
+
+def test_a_full_bucket_admits_its_capacity_at_once_then_its_rate(clock):
+    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
+    assert admitted(shaper, "a", "classify", 50) == 10  # the example: capacity 10, 2/s
+    clock.now += 1.0
+    assert admitted(shaper, "a", "classify", 50) == 2
+    clock.now += 0.25
+    assert admitted(shaper, "a", "classify", 50) == 0  # half a token is not a request
+    clock.now += 0.25
+    assert admitted(shaper, "a", "classify", 50) == 1
+    clock.now += 3600  # refills up to the capacity, not beyond
+    assert admitted(shaper, "a", "classify", 50) == 10
+
+
+def test_five_times_the_rate_gets_capacity_plus_rate_times_duration(clock):
+    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
+    decisions = []
+    for _ in range(100):  # 10 s at 10/s: five times tenant a's rate
+        decisions.append(shaper.admit("a", "classify").admitted)
+        clock.now += 0.1
+    assert sum(decisions) == 10 + 2 * 10 - 1  # the last tenth of a second earns no token
+
+
+def test_tenants_have_separate_buckets(clock):
+    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
+    assert admitted(shaper, "a", "classify", 50) == 10
+    assert admitted(shaper, "b", "classify", 5) == 1
+    assert admitted(shaper, shaping.ANONYMOUS, "classify", 5) == 2
+
+
+def test_a_model_bucket_is_shared_by_tenants_and_a_refusal_costs_no_token(clock):
+    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
+    assert admitted(shaper, "a", "embed", 2) == 2
+    decision = shaper.admit(shaping.ANONYMOUS, "embed")
+    assert decision.admitted
+    refused = shaper.admit("a", "embed")
+    assert (refused.admitted, refused.limited_by, refused.retry_after) == (False, "model", 1)
+    # Tenant a's bucket was not charged for the refused request: 8 of 10 tokens are left.
+    assert admitted(shaper, "a", "classify", 50) == 8
+
+
+def test_retry_after_is_the_wait_for_a_token_rounded_up(clock):
+    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
+    assert shaper.admit("b", "classify").admitted
+    decision = shaper.admit("b", "classify")  # 0.5/s: a token in 2 s
+    assert (decision.admitted, decision.limited_by, decision.retry_after) == (False, "tenant", 2)
+    clock.now += 1.5
+    assert shaper.admit("b", "classify").retry_after == 1
+    clock.now += 0.5
+    assert shaper.admit("b", "classify").admitted
+
+
+def test_tenants_are_found_by_their_key_header_case_insensitively():
+    limits = shaping.parse_limits(SECTIONS)
+    assert limits.tenant_of({"x-api-key": "key-of-a-2"}) == "a"
+    assert limits.tenant_of({"X-API-KEY": "key-of-b-1"}) == "b"
+    assert limits.tenant_of({"X-Api-Key": "not-a-known-key"}) == shaping.ANONYMOUS
+    assert limits.tenant_of(None) == shaping.ANONYMOUS
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"anonymous": None}, "[anonymous] is required"),
+        ({"tenants": {"a": {"keys": ["key-of-a-1"], "rate": 0, "capacity": 1}}}, "rate must"),
+        ({"tenants": {"a": {"keys": ["key-of-a-1"], "rate": 1, "capacity": 0}}}, "capacity"),
+        ({"tenants": {"a": {"keys": ["key-of-a-1"], "rate": 1, "capacity": 1.5}}}, "whole"),
+        ({"tenants": {"a": {"rate": 1, "capacity": 1}}}, "needs keys"),
+        ({"tenants": {"a": {"keys": ['bad"key-123'], "rate": 1, "capacity": 1}}}, "quotes"),
+        ({"tenants": {"a b": {"keys": ["key-of-a-1"], "rate": 1, "capacity": 1}}}, "name"),
+        ({"tenants": {"anonymous": {"keys": ["key-of-a-1"], "rate": 1, "capacity": 1}}}, "twice"),
+        ({"models": {"embed": {"rate": 1}}}, "both rate and capacity"),
+        ({"models": {"embed": {"rate": 1, "capacity": 1, "burst": 3}}}, "unknown"),
+        ({"limits": {}}, "unknown top-level"),
+    ],
+)
+def test_bad_limits_are_refused_with_a_message_naming_the_setting(change, message):
+    data = {**SECTIONS, **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        shaping.parse_limits(data)
+
+
+def test_a_key_given_to_two_tenants_is_refused():
+    data = json.loads(json.dumps(SECTIONS))
+    data["tenants"]["b"]["keys"] = ["key-of-a-1"]
+    with pytest.raises(ValueError, match="also a key of tenant 'a'"):
+        shaping.parse_limits(data)
+
+
+# nginx's config -------------------------------------------------------------------------------
+def test_rendered_limits_are_nginx_buckets_with_capacity_minus_one_burst():
+    limits = shaping.parse_limits(SECTIONS)
+    text = render(["h:1"], ["h:2"], 8000, 8001, limits=limits)
+    assert "limit_req_zone $shaping_tenant_1 zone=tenant_a:1m rate=2r/s;" in text
+    assert "zone=tenant_b:1m rate=30r/m;" in text  # 0.5/s
+    assert "limit_req zone=tenant_b nodelay;" in text  # capacity 1: no burst
+    assert "limit_req zone=tenant_a burst=9 nodelay;" in text
+    assert "limit_req zone=model_embed burst=2 nodelay;" in text
+    assert '"key-of-a-2" a;' in text
+    assert '"b embed" 2;' in text  # Retry-After: the slower of the two buckets
+    assert render(["h:1"], ["h:2"], 8000, 8001).count("limit_req") == 0
+
+
+def test_the_rendered_shaping_config_passes_nginx_t(tmp_path):
+    try:
+        nginx = find_nginx()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    for folder in ("tmp", "logs"):
+        (tmp_path / folder).mkdir()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(
+        render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=shaping.load_limits(LIMITS))
+    )
+    done = subprocess.run(
+        [nginx, "-t", "-p", f"{tmp_path}/", "-c", str(conf), "-e", "stderr"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# The exporter ---------------------------------------------------------------------------------
+def line(tenant: str, limit: str, model: str = "embed", protocol: str = "http") -> str:
+    entry = {"tenant": tenant, "model": model, "protocol": protocol, "limit": limit}
+    return json.dumps({"msec": "1.0", **entry, "status": "200"}) + "\n"
+
+
+def count(exporter: ShapingLogExporter, tenant: str, outcome: str) -> float:
+    value = exporter.registry.get_sample_value(
+        f"{shaping.METRIC}_total",
+        {"gateway": "nginx", "tenant": tenant, "model": "embed", "protocol": "http",
+         "outcome": outcome},
+    )  # fmt: skip
+    return value or 0.0
+
+
+def test_the_exporter_counts_each_line_once_across_partial_writes(tmp_path):
+    log = tmp_path / "shaping.log"
+    exporter = ShapingLogExporter(log)
+    assert exporter.poll() == 0  # no file yet
+    log.write_text(line("a", "PASSED") + line("a", "REJECTED") + line("a", "PASSED")[:20])
+    assert exporter.poll() == 2
+    with log.open("a") as f:
+        f.write(line("a", "PASSED")[20:] + "not json\n")
+    assert exporter.poll() == 1
+    assert exporter.poll() == 0
+    assert (count(exporter, "a", "admitted"), count(exporter, "a", "refused")) == (2, 1)
+    assert exporter.skipped == 1
+    assert b"gateway_requests_total" in generate_latest(exporter.registry)
+
+
+def test_the_exporter_follows_a_rotated_and_a_truncated_log(tmp_path):
+    log = tmp_path / "shaping.log"
+    log.write_text(line("a", "PASSED") * 3)
+    exporter = ShapingLogExporter(log)
+    assert exporter.poll() == 3
+    os.rename(log, tmp_path / "shaping.log.1")
+    log.write_text(line("a", "REJECTED"))
+    assert exporter.poll() == 1
+    log.write_text("")
+    assert exporter.poll() == 0
+    log.write_text(line("b", "PASSED"))
+    assert exporter.poll() == 1
+    assert count(exporter, "a", "refused") == 1 and count(exporter, "b", "admitted") == 1
+
+
+def test_the_exporter_can_skip_what_the_log_already_holds(tmp_path):
+    log = tmp_path / "shaping.log"
+    log.write_text(line("a", "PASSED") * 3)
+    exporter = ShapingLogExporter(log, from_start=False)
+    assert exporter.poll() == 0
+    with log.open("a") as f:
+        f.write(line("a", "PASSED"))
+    assert exporter.poll() == 1
+
+
+# The router -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("protocol", "status"), [("http", "429"), ("grpc", "StatusCode.RESOURCE_EXHAUSTED")]
+)
+def test_the_router_refuses_over_the_bucket_before_reaching_a_server(protocol, status):
+    limits = shaping.parse_limits(SECTIONS)
+    # Nothing listens there: an admitted request fails to connect, a refused one never tries.
+    router = Router({"s": "127.0.0.1:9"}, protocol, health_interval=None, limits=limits)
+    with router:
+        with pytest.raises(RateLimited) as refused:
+            for _ in range(3):  # b: capacity 1
+                try:
+                    router.route("u", "classify", [], headers={"X-Api-Key": "key-of-b-1"})
+                except RateLimited:
+                    raise
+                except Exception:  # noqa: BLE001 - the admitted one cannot connect
+                    continue
+        assert refused.value.status() == status and refused.value.retry_after == 2
+        assert "tenant b" in refused.value.message()
+        assert not is_retryable(refused.value)
+        stats = router.stats()["s"]
+        assert stats.requests == 1  # only the admitted request reached for the shard
+        value = router.registry.get_sample_value(
+            f"{shaping.METRIC}_total",
+            {"gateway": "router", "tenant": "b", "model": "classify", "protocol": protocol,
+             "outcome": "refused"},
+        )  # fmt: skip
+        assert value == 1
+
+
+def test_a_router_without_limits_admits_everything():
+    with Router({"s": "127.0.0.1:9"}, health_interval=None) as router:
+        assert all(router.shape("embed").admitted for _ in range(1000))
+
+
+def test_the_limits_file_is_toml_with_comments_for_each_setting():
+    text = LIMITS.read_text()
+    tomllib.loads(text)
+    for setting in ("rate", "capacity", "header", "[anonymous]", "[models."):
+        assert setting in text
