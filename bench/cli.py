@@ -8,12 +8,13 @@ import os
 import time
 from pathlib import Path
 
-from bench import harness, inputs, perf_analyzer, report, tune, variants
+from bench import harness, infinity, inputs, perf_analyzer, report, tune, variants
 
 EXAMPLES = """
 examples:
-  python -m bench perf                    # short run, about 9 minutes on 2 cores
+  python -m bench perf                    # short run, about 9 minutes on 2 cores + infinity-emb
   python -m bench perf --full             # every model, protocol, variant and level
+  python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
@@ -26,14 +27,25 @@ def add_parser(sub) -> None:
         description=(
             "Runs perf_analyzer against a real tritonserver (concurrency and Poisson request-rate "
             "sweeps, gRPC and HTTP, the ensemble and each step, with and without dynamic "
-            "batching, 1 vs 2 instances), the raw onnxruntime engine in-process, and a "
-            "FastAPI micro-batcher peer, interleaved over rounds with server and load generator "
-            "pinned to different cores."
+            "batching, 1 vs 2 instances), the raw onnxruntime engine in-process, a FastAPI "
+            "micro-batcher peer and infinity-emb (embeddings), interleaved over rounds with "
+            "server and load generator pinned to different cores."
         ),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--full", action="store_true", help="run everything (tens of minutes)")
+    p.add_argument(
+        "--only",
+        choices=("embed-peers",),
+        help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32 (minutes)",
+    )
+    p.add_argument(
+        "--infinity-venv",
+        type=Path,
+        help=f"use this environment with infinity-emb installed (default ${infinity.VENV_VARIABLE}"
+        ", else .peers/infinity/venv, made on first use)",
+    )
     p.add_argument("--rounds", type=int, help="override the number of interleaved rounds")
     p.add_argument("--out", type=Path, help="results folder (default results/perf-<time>)")
     p.add_argument("--server-cpus", help="cores for tritonserver and the raw engine, e.g. 1")
@@ -57,13 +69,15 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
     return [
         f"Machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}; "
         "tritonserver 2.51.0 (PyPI nvidia-pytriton), perf_analyzer from tritonclient 2.51.0.",
-        f"Pinning: tritonserver, its Python-backend stubs, the raw engine and the peer server on "
+        f"Pinning: tritonserver, its Python-backend stubs, the raw engine and the peer servers on "
         f"cores {server_cpus}; perf_analyzer on cores {client_cpus} (taskset).",
         f"Thread budget: onnxruntime uses {threads} intra-op thread(s) in the raw engine, in "
         "Triton's classifier and in the peer; the 2-instance variant splits it between instances.",
-        f"Rounds: {plan.rounds}. Each round measures the raw engine, then every Triton variant "
-        "(order rotated each round), then the peer and the null peer; ratios are taken within a "
-        "round and reported as the median [min – max] over rounds.",
+        f"Rounds: {plan.rounds}. Each round measures "
+        + ("the raw engine, then " if plan.raw else "")
+        + "every Triton variant (order rotated each round), then the peer and the null peer"
+        + (", then infinity-emb and its null twin" if plan.infinity_levels else "")
+        + "; ratios are taken within a round and reported as the median [min – max] over rounds.",
         f"perf_analyzer: one process per load level, measurement window {plan.measurement_ms} ms, "
         "stability 20 % over 3 windows, at most 6 trials; p50/p99 are client-side latencies. "
         "Request-rate sweeps use Poisson arrivals at fractions "
@@ -79,6 +93,23 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
         "asyncio micro-batcher, driven by the same perf_analyzer with the same JSON payload "
         "(`--input-tensor-format json`); the null peer answers without running the model and "
         "measures the load generator's own ceiling.",
+        *(
+            [
+                f"infinity-emb {infinity.VERSION} (its own environment): the same MiniLM weights "
+                f"(optimum's ONNX export of them), engine {infinity.ENGINE} (onnxruntime, CPU, "
+                f"its default threads), pooling {infinity.POOLING}, max batch "
+                f"{infinity.BATCH_SIZE}; driven by the same perf_analyzer with "
+                "`--service-kind=openai --endpoint=embeddings` (OpenAI-style bodies of the same "
+                "texts), which only has asynchronous calls, so embed and the FastAPI peer are "
+                f"also measured with `--async` at concurrency {plan.infinity_levels}; a null "
+                "server in infinity's response shape measures that client's ceiling. After "
+                "each server is up, every thread of it and of its child processes is pinned "
+                "again with `taskset -a -p` (onnxruntime may set its threads' affinity itself) "
+                "and read back from /proc (below).",
+            ]
+            if plan.infinity_levels
+            else []
+        ),
         "Variants (each loaded into a fresh server with the model-control API and config "
         "overrides, no repository copy): "
         + "; ".join(f"**{v.name}**: {v.description}" for v in variants.standard(threads)),
@@ -90,19 +121,23 @@ def run(args: argparse.Namespace) -> int:
     if args.report_only:
         out = args.report_only
     else:
-        plan = harness.Plan.full() if args.full else harness.Plan.short()
+        if args.only == "embed-peers":
+            plan = harness.Plan.embed_peers()
+        else:
+            plan = harness.Plan.full() if args.full else harness.Plan.short()
         if args.rounds:
             plan.rounds = args.rounds
         server_cpus, client_cpus = cores(args)
         out = args.out or Path("results") / time.strftime("perf-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
-        runner = harness.Runner(plan, out, server_cpus, client_cpus)
+        runner = harness.Runner(
+            plan, out, server_cpus, client_cpus, infinity_venv=args.infinity_venv
+        )
         print(f"perf: {plan.size() * plan.rounds} load levels in {plan.rounds} rounds -> {out}")
         runner.run()
         runner.write_csv()
-        (out / "method.txt").write_text(
-            "\n".join(method(plan, server_cpus, client_cpus, harness.machine())) + "\n"
-        )
+        lines = method(plan, server_cpus, client_cpus, harness.machine()) + runner.notes
+        (out / "method.txt").write_text("\n".join(lines) + "\n")
     rows, raw = report.load(out / "points.csv", out / "raw.csv")
     plots = report.write_plots(out, rows, raw)
     method_lines = (out / "method.txt").read_text().splitlines()

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import tritonclient.http as http
 
-from bench import inputs, perf_analyzer, stats, variants
+from bench import affinity, infinity, inputs, perf_analyzer, stats, variants
 from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import embedding, text_samples
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
@@ -35,6 +35,12 @@ ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 MODELS = (spec.ENSEMBLE, *variants.STEPS)
 EMBED_MODELS = inputs.EMBED_MODELS
 TEXT_MODELS = inputs.TEXT_MODELS
+EMBED = embedding.ENSEMBLE
+# The OpenAI client's ceiling (null server) at concurrency 1 only: perf_analyzer 2.51's OpenAI
+# client hung here at 16 and 32 against a server that answers in microseconds (time and count
+# windows alike) and at 8 did 14,900/s once and failed to stabilize once; at 1 it did 5,400-6,300
+# requests/s, a lower bound of its ceiling that is still over 40x what infinity-emb reached.
+OPENAI_NULL_LEVELS = [1]
 COUNT_WINDOWS = ["--measurement-mode=count_windows", "--measurement-request-count=5000"]
 # Poisson arrivals at a fixed rate: windows of at least this many requests, judged with this
 # stability, else a low rate never stabilizes (1 s windows at 18 req/s varied 11-18 here).
@@ -58,28 +64,34 @@ ENCODERS = {
 class Case:
     """One thing to measure at one load level."""
 
-    system: str  # triton | peer | null-peer
+    system: str  # triton | peer | null-peer | infinity
     variant: str  # Triton serving variant, "-" for the peers
     model: str
     protocol: str  # grpc | http
-    payload: str  # binary | json
+    payload: str  # binary | json | openai (an OpenAI-style /embeddings request body)
     mode: str  # concurrency | rate
     level: float
     dataset: str = "samples"  # or "repeated": one input over and over (response-cache hits)
+    calls: str = "sync"  # perf_analyzer's calls: sync, or async (its OpenAI client has no other)
 
     def label(self) -> str:
         """Short human-readable name."""
         unit = "c" if self.mode == "concurrency" else "rate"
         data = "" if self.dataset == "samples" else f" [{self.dataset}]"
+        calls = "" if self.calls == "sync" else f" {self.calls}"
         return (
             f"{self.system}/{self.variant} {self.model} {self.protocol}-{self.payload} "
-            f"{unit}={self.level:g}{data}"
+            f"{unit}={self.level:g}{data}{calls}"
         )
 
 
 @dataclass
 class Plan:
-    """What a run measures. ``short()`` takes about 9 minutes on 2 cores; ``full()`` is all."""
+    """What a run measures. ``short()``: about 9 minutes on 2 cores, plus infinity-emb's rows.
+
+    Those add 10 load levels and one infinity-emb start (about 30 s here) per round, and its
+    installation on first use; ``full()`` is everything.
+    """
 
     rounds: int
     # (model, protocol, payload) -> concurrency levels, for the main "batching" variant.
@@ -98,6 +110,10 @@ class Plan:
     raw_embed_batches: list[int] = field(default_factory=lambda: [1, 8, 32])
     raw_seconds: float = 1.5
     measurement_ms: int = 1000
+    # infinity-emb (bench/infinity.py) at these concurrencies, with embed and the FastAPI peer
+    # also driven with asynchronous calls at the same levels, for ratios in one calling mode.
+    infinity_levels: list[int] = field(default_factory=list)
+    raw: bool = True  # measure the raw engine each round
     # A perf_analyzer run that has not finished by then is a hung server: the case fails.
     case_timeout_s: float = 300.0
 
@@ -138,6 +154,27 @@ class Plan:
             cache_levels=[16],
             raw_model_batches=[1, 4, 8, 16, 32],
             raw_pipeline_batches=[1, 8],
+            infinity_levels=[1, 8, 32],
+        )
+
+    @classmethod
+    def embed_peers(cls) -> Plan:
+        """Only the embedding servers side by side: embed, the FastAPI peer and infinity-emb."""
+        levels = [1, 8, 32]
+        return cls(
+            rounds=2,
+            main={(embedding.ENSEMBLE, "http", "json"): levels},
+            others={},
+            rate_fractions=[],
+            rate_targets=[],
+            peer_levels={embedding.ENSEMBLE: {"json": levels}},
+            null_levels=[32],
+            null_payloads=("json",),
+            cache_levels=[],
+            raw_model_batches=[],
+            raw_pipeline_batches=[],
+            infinity_levels=levels,
+            raw=False,
         )
 
     @classmethod
@@ -174,6 +211,7 @@ class Plan:
             raw_pipeline_batches=[1, 4, 8, 16],
             raw_seconds=3.0,
             measurement_ms=3000,
+            infinity_levels=levels,
         )
 
     def triton_cases(self, variant: str) -> Iterator[Case]:
@@ -182,13 +220,17 @@ class Plan:
             for (model, protocol, payload), levels in self.main.items():
                 for level in levels:
                     yield Case("triton", variant, model, protocol, payload, "concurrency", level)
+            for level in self.infinity_levels:
+                yield Case(
+                    "triton", variant, EMBED, "http", "json", "concurrency", level, calls="async"
+                )
         for model, protocol, levels in self.others.get(variant, []):
             for level in levels:
                 yield Case("triton", variant, model, protocol, "binary", "concurrency", level)
 
     def size(self) -> int:
         """Load levels measured in one round (for progress and ETA)."""
-        n = sum(len(v) for v in self.main.values())
+        n = sum(len(v) for v in self.main.values()) + len(self.infinity_levels)
         n += sum(len(levels) for cases in self.others.values() for _, _, levels in cases)
         peers = sum(len(v) for by_payload in self.peer_levels.values() for v in by_payload.values())
         nulls = len(self.null_levels) * sum(
@@ -196,7 +238,23 @@ class Plan:
             for by_payload in self.peer_levels.values()
         )
         rates = len(self.rate_fractions) * len(self.rate_targets)
-        return n + rates + peers + nulls + len(self.cache_levels)
+        # infinity, and the FastAPI peer with async calls, at its levels; its null twin.
+        infinity = 2 * len(self.infinity_levels) + (
+            len(OPENAI_NULL_LEVELS) if self.infinity_levels else 0
+        )
+        return n + rates + peers + nulls + len(self.cache_levels) + infinity
+
+
+def perf_args(case: Case) -> list[str]:
+    """perf_analyzer options a case needs beyond the common ones."""
+    # Cache hits answer in microseconds; perf_analyzer's time windows then never finish
+    # (seen here with 2.51 at concurrency 16), so count requests instead.
+    extra = list(COUNT_WINDOWS) if case.dataset == "repeated" else []
+    if case.payload == "openai":
+        extra += infinity.PERF_ARGS  # its OpenAI client: /embeddings, asynchronous calls
+    elif case.calls == "async":
+        extra.append("--async")
+    return extra
 
 
 def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
@@ -294,8 +352,14 @@ class Runner:
         server_cpus: list[int],
         client_cpus: list[int],
         progress: Callable[[str], None] = print,
+        infinity_venv: Path | None = None,
     ):
         self.plan = plan
+        self.infinity_venv = infinity.venv_dir(infinity_venv)
+        # Lines for the report's method section: pinning read back, infinity's set-up.
+        self.notes: list[str] = []
+        self._infinity_checked = False
+        self._infinity_failure: str | None = None
         self.out_dir = out_dir
         self.server_cpus = server_cpus
         self.client_cpus = client_cpus
@@ -343,9 +407,7 @@ class Runner:
             measurement_ms=self.plan.measurement_ms,
             tensor_format=case.payload,
             cpus=self.client_cpus,
-            # Cache hits answer in microseconds; perf_analyzer's time windows then never finish
-            # (seen here with 2.51 at concurrency 16), so count requests instead.
-            extra=COUNT_WINDOWS if case.dataset == "repeated" else [],
+            extra=perf_args(case),
         )
         if case.mode == "rate":
             count = max(RATE_WINDOW_REQUESTS, int(case.level * self.plan.measurement_ms / 1000))
@@ -382,16 +444,23 @@ class Runner:
             **{m: data[m] for m in TEXT_MODELS},
         }
         repeated = inputs.write(embedding.ENSEMBLE, data_dir, repeated=True)
+        openai_data = inputs.write(embedding.ENSEMBLE, data_dir, openai=True)
         threads = len(self.server_cpus)
         all_variants = variants.standard(threads)
         with TritonUnderTest(server_config(self.server_cpus), self.out_dir) as triton:
             self.triton = triton
             for r in range(1, self.plan.rounds + 1):
-                self.progress(
-                    f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)"
-                )
-                self.raw.append(measure_raw(self.server_cpus, threads, self.plan))
-                self.progress(f"  raw: {self.raw[-1]}")
+                # Other work on the machine shows here (every core counts, ours included).
+                load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+                self.notes.append(f"round {r}: load average (1, 5, 15 min) at its start: {load}")
+                if self.plan.raw:
+                    self.progress(
+                        f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)"
+                    )
+                    self.raw.append(measure_raw(self.server_cpus, threads, self.plan))
+                    self.progress(f"  raw: {self.raw[-1]}")
+                else:
+                    self.raw.append({})
                 shift = (r - 1) % len(all_variants)
                 for variant in all_variants[shift:] + all_variants[:shift]:
                     if variant.name != "batching" and not any(self.plan.triton_cases(variant.name)):
@@ -400,12 +469,16 @@ class Runner:
                     # response cache would answer); the other variants measure classify only.
                     cache = False if variant.name == "batching" else None
                     self._configure(triton, variant, cache)
+                    if variant.name == "batching" and triton.running():
+                        self._pin(r, "tritonserver and its stubs", triton.server.process.pid)
                     for case in self.plan.triton_cases(variant.name):
                         # Never without a file: perf_analyzer would make up random inputs.
                         source = (json_data if case.payload == "json" else data)[case.model]
                         self._measure(r, case, source, triton)
                     if variant.name == "batching":
                         self._rate_sweep(r, data, triton)
+                        if not self.plan.cache_levels:
+                            continue
                         self._configure(triton, variant, cache=True)
                         for level in self.plan.cache_levels:
                             # JSON over HTTP: the payload the peer gets, for an equal-p99 row.
@@ -424,7 +497,83 @@ class Runner:
                     m: {"json": json_data[m], "binary": data[m]} for m in self.plan.peer_levels
                 }
                 self._peers(r, peer_data, threads)
+                if self.plan.infinity_levels:
+                    self._infinity(r, openai_data)
             self.restarts = triton.deaths
+
+    def _pin(self, round_: int, name: str, pid: int) -> None:
+        """Pin every thread of a server (and its children) to the server's cores; note it."""
+        try:
+            line = affinity.pin_and_report(name, pid, self.server_cpus)
+        except Exception as exc:  # noqa: BLE001 - a missing taskset costs the note only
+            line = f"{name}: pinning failed: {type(exc).__name__}: {exc}"
+        self.notes.append(f"round {round_}: {line}")
+        self.progress(f"  {line}")
+
+    def _infinity(self, round_: int, data: Path) -> None:
+        """infinity-emb at the plan's levels, then its null twin (the load generator's ceiling).
+
+        If it cannot be installed or started, its rows and a note say why; the run goes on.
+        """
+        cases = [
+            Case("infinity", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
+            for level in self.plan.infinity_levels
+        ]
+        server = None
+        if self._infinity_failure is None:
+            self.progress(f"  infinity-emb {infinity.VERSION} from {self.infinity_venv}")
+            try:
+                server = infinity.start(self.infinity_venv, self.server_cpus, self.out_dir)
+            except infinity.InfinityUnavailableError as exc:
+                self._infinity_failure = str(exc)
+                self.notes.append(f"infinity-emb not measured: {exc}")
+                self.progress(f"  infinity-emb not measured: {exc}")
+        if server is None:
+            for case in cases:
+                self._record(Row(round_, case, None, f"infinity-emb: {self._infinity_failure}"))
+        else:
+            try:
+                self._pin(round_, "infinity", server.process.pid)
+                if not self._infinity_checked:
+                    self._check_infinity(server)
+                for case in cases:
+                    self._measure(round_, case, data, url=server.url)
+            finally:
+                server.stop()
+        null_cases = [
+            Case("null-peer", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
+            for level in OPENAI_NULL_LEVELS
+        ]
+        null = infinity.NullOpenAIServer(cpus=self.server_cpus)
+        try:
+            null.start()
+        except Exception as exc:  # noqa: BLE001 - its rows say why; the run goes on
+            for case in null_cases:
+                self._record(Row(round_, case, None, f"null OpenAI server did not start: {exc}"))
+            return
+        try:
+            for case in null_cases:
+                self._measure(round_, case, data, url=null.url)
+        finally:
+            null.stop()
+
+    def _check_infinity(self, server: infinity.InfinityServer) -> None:
+        """Once per run: its vectors against the project's PyTorch reference; note the set-up."""
+        self._infinity_checked = True
+        texts = [*text_samples.SENTENCES[:4], text_samples.SENTENCES[-1]]
+        try:
+            cosine = infinity.check_vectors(server, texts)
+            verdict = "ok" if cosine >= infinity.MIN_COSINE else "MISMATCH"
+            check = f"min cosine {cosine:.6f} over {len(texts)} sentences ({verdict})"
+        except Exception as exc:  # noqa: BLE001 - the note says the check could not run
+            check = f"could not be checked: {type(exc).__name__}: {exc}"
+        line = (
+            f"infinity-emb {infinity.VERSION}: engine {infinity.ENGINE} (onnxruntime, CPU), "
+            f"max batch {server.batch_size}, pooling {infinity.POOLING}; vectors vs the "
+            f"PyTorch reference: {check}"
+        )
+        self.notes.append(line)
+        self.progress(f"  {line}")
 
     def _configure(
         self, triton: TritonUnderTest, variant: variants.Variant, cache: bool | None
@@ -491,6 +640,15 @@ class Runner:
                     for payload, xs in levels.items()
                     for level in xs
                 ]
+                if system == "peer" and model == EMBED and "json" in by_payload:
+                    cases += [
+                        Case(
+                            system, "-", model, "http", "json", "concurrency", level, calls="async"
+                        )
+                        for level in self.plan.infinity_levels
+                    ]
+                if not cases:
+                    continue
                 peer = PeerServer(
                     path, cpus=self.server_cpus, intra_op_threads=threads, model_name=model
                 )
@@ -500,6 +658,8 @@ class Runner:
                     for case in cases:
                         self._record(Row(round_, case, None, f"peer did not start: {exc}"))
                     continue
+                if system == "peer":
+                    self._pin(round_, f"FastAPI peer ({model})", peer.process.pid)
                 try:
                     for case in cases:
                         self._measure(round_, case, data[model][case.payload], url=peer.url)

@@ -73,11 +73,28 @@ def json_entries(model: str) -> list[dict]:
     ]
 
 
+def openai_entries(model: str) -> list[dict]:
+    """The same texts as OpenAI-style /embeddings bodies (perf_analyzer's ``openai`` client).
+
+    One text per request, under ``model``, in the same order as ``entries``.
+    """
+    if model not in TEXT_MODELS:
+        raise KeyError("OpenAI-style bodies are made for the text models only")
+    return [{"payload": [{"model": model, "input": [t]}]} for t in text_samples.SENTENCES]
+
+
 def write(
-    model: str, directory: Path, reference=None, as_json: bool = False, repeated: bool = False
+    model: str,
+    directory: Path,
+    reference=None,
+    as_json: bool = False,
+    repeated: bool = False,
+    openai: bool = False,
 ) -> Path:
-    """Write ``<model>[-json|-repeated].json`` into ``directory`` and return its path."""
-    if repeated:
+    """Write ``<model>[-json|-repeated|-openai].json`` into ``directory``; return its path."""
+    if openai:
+        data, suffix = openai_entries(model), "-openai"
+    elif repeated:
         data, suffix = repeated_text(), "-repeated"
     elif as_json and model not in TEXT_MODELS:  # texts are the same in both formats
         data, suffix = json_entries(model), "-json"

@@ -28,10 +28,21 @@ TEXT_FIELDS = {
     "payload",
     "mode",
     "dataset",
+    "calls",
     "error",
     "classifier_batch_histogram",
 }
-CASE_FIELDS = ("system", "variant", "model", "dataset", "protocol", "payload", "mode", "level")
+CASE_FIELDS = (
+    "system",
+    "variant",
+    "model",
+    "dataset",
+    "protocol",
+    "payload",
+    "calls",
+    "mode",
+    "level",
+)
 
 
 def load(points_csv: Path, raw_csv: Path) -> tuple[list[dict], dict[int, dict]]:
@@ -44,6 +55,7 @@ def load(points_csv: Path, raw_csv: Path) -> tuple[list[dict], dict[int, dict]]:
                     row[key] = float(value)
             row["round"] = int(row["round"])
             row.setdefault("dataset", "samples")  # reports written before the field existed
+            row.setdefault("calls", "sync")  # likewise
             rows.append(row)
     raw: dict[int, dict] = defaultdict(lambda: defaultdict(dict))
     with open(raw_csv, newline="") as f:
@@ -125,6 +137,7 @@ def _triton(
         payload=payload,
         mode="concurrency",
         dataset=dataset,
+        calls="sync",
     )
     if level is not None:
         match["level"] = float(level)
@@ -165,7 +178,7 @@ def _peer_ratio(
 ) -> Callable[[list[dict], dict], float | None]:
     def compute(rows, raw):
         ours = find(rows, **_triton(model, protocol="http", payload=payload, dataset=dataset))
-        theirs = find(rows, system="peer", model=peer_model or model, payload=payload)
+        theirs = find(rows, system="peer", model=peer_model or model, payload=payload, calls="sync")
         return equal_p99_ratio(ours, theirs)
 
     return compute
@@ -178,8 +191,30 @@ def _vs_peer_at(
 
     def compute(rows, raw):
         ours = one(rows, **_triton(model, protocol="http", payload="json", level=level))
-        theirs = one(rows, system="peer", model=EMB, payload="json", level=level)
+        theirs = one(rows, system="peer", model=EMB, payload="json", level=level, calls="sync")
         return _ratio(ours and ours[field], theirs and theirs[field])
+
+    return compute
+
+
+# The same texts with asynchronous calls (perf_analyzer's OpenAI client has no other mode).
+EMBED_ASYNC = dict(
+    system="triton", variant="batching", model=EMB, protocol="http", payload="json", calls="async"
+)
+PEER_ASYNC = dict(system="peer", model=EMB, protocol="http", payload="json", calls="async")
+INFINITY = dict(system="infinity", model=EMB, payload="openai")
+INFINITY_TARGET = 1.5  # embed ≥ 1.5x infinity-emb held to the same core
+
+
+def _vs_infinity(
+    ours: dict, level: int, field: str = "throughput"
+) -> Callable[[list[dict], dict], float | None]:
+    """``ours`` ÷ infinity-emb's ``field`` at one concurrency, both with asynchronous calls."""
+
+    def compute(rows, raw):
+        a = one(rows, **ours, mode="concurrency", level=float(level))
+        b = one(rows, **INFINITY, mode="concurrency", level=float(level))
+        return _ratio(a and a[field], b and b[field])
 
     return compute
 
@@ -349,6 +384,36 @@ METRICS = [
         lambda rows, raw: _ratio(_saturated(rows, **_triton(GRAPH)), _raw_best("embed")(raw)),
         target=0.9,
     ),
+    *(
+        Metric(
+            f"embed ÷ infinity-emb texts/s at concurrency {level} (async calls, same core)",
+            _vs_infinity(EMBED_ASYNC, level),
+            target=INFINITY_TARGET,
+            needs_headroom=("openai", EMB),
+        )
+        for level in (1, 8, 32)
+    ),
+    *(
+        Metric(
+            f"embed p99 ÷ infinity-emb p99 at concurrency {level} (async calls)",
+            _vs_infinity(EMBED_ASYNC, level, "p99_ms"),
+            higher_is_better=False,
+        )
+        for level in (1, 8, 32)
+    ),
+    *(
+        Metric(
+            f"FastAPI peer ÷ infinity-emb texts/s at concurrency {level} (async calls)",
+            _vs_infinity(PEER_ASYNC, level),
+        )
+        for level in (1, 8, 32)
+    ),
+    Metric(
+        "load generator headroom, OpenAI /embeddings (null server ÷ infinity-emb's best)",
+        _generator_headroom("openai", EMB),
+        target=2.0,
+        note="as above",
+    ),
     Metric(
         "Triton cache hits ÷ peer (embed, same JSON payload), equal p99",
         _peer_ratio("json", EMB, dataset="repeated"),
@@ -385,10 +450,15 @@ def summarize(values: list[float]) -> tuple[float, float, float]:
 def metric_table(rows: list[dict], raw: dict[int, dict]) -> list[dict]:
     """Each metric per round, then its median and spread over rounds."""
     table = []
+    # Runs without the raw engine (``--only embed-peers``) have rounds with rows and no curves.
+    rounds = {n: raw.get(n, {}) for n in sorted(set(raw) | {r["round"] for r in rows})}
     for metric in METRICS:
         values = []
-        for round_, curves in sorted(raw.items()):
-            value = metric.compute([r for r in rows if r["round"] == round_], curves)
+        for round_, curves in rounds.items():
+            try:
+                value = metric.compute([r for r in rows if r["round"] == round_], curves)
+            except KeyError:  # a raw curve this run did not measure
+                value = None
             if value is not None:
                 values.append(value)
         if not values:
@@ -398,7 +468,7 @@ def metric_table(rows: list[dict], raw: dict[int, dict]) -> list[dict]:
         if metric.needs_headroom:
             headroom = [
                 _generator_headroom(*metric.needs_headroom)([r for r in rows if r["round"] == n], c)
-                for n, c in raw.items()
+                for n, c in rounds.items()
             ]
             if any(h is not None and h < 2 for h in headroom):
                 # The load generator, not either server, set these numbers.
@@ -446,6 +516,80 @@ def case_table(rows: list[dict]) -> list[dict]:
     return sorted(out, key=lambda e: (*(str(e[k]) for k in CASE_FIELDS[:-1]), e["level"]))
 
 
+def _median_cell(values: list[float], digits: int = 1) -> str:
+    if not values:
+        return "not measured"
+    med, low, high = summarize(values)
+    return f"{med:.{digits}f} [{low:.{digits}f} – {high:.{digits}f}]"
+
+
+def embedding_servers(rows: list[dict]) -> list[str]:
+    """embed, the FastAPI peer and infinity-emb at infinity's levels, and embed ÷ infinity.
+
+    All three with asynchronous calls from the same perf_analyzer and the same texts; empty if
+    infinity-emb was not part of the run.
+    """
+    infinity = [r for r in rows if r["system"] == "infinity"]
+    if not infinity:
+        return []
+    levels = sorted({r["level"] for r in infinity})
+    lines = [
+        "",
+        "## Embedding servers side by side (median [min – max] over rounds)",
+        "",
+        "Same texts, one per request, same perf_analyzer with asynchronous calls, every server "
+        "on the same cores: `embed` (Triton, KServe v2 JSON), the FastAPI peer (KServe v2 JSON) "
+        "and infinity-emb (OpenAI-style `POST /embeddings`).",
+        "",
+        "| server | concurrency | texts/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|",
+    ]
+    servers = (("embed", EMBED_ASYNC), ("FastAPI peer", PEER_ASYNC), ("infinity-emb", INFINITY))
+    for level in levels:
+        for name, match in servers:
+            found = find(rows, **match, mode="concurrency", level=level)
+            cells = [
+                _median_cell([r[f] for r in found], d)
+                for f, d in (("throughput", 1), ("p50_ms", 2), ("p99_ms", 2))
+            ]
+            errors = [r["error"] for r in rows if r["system"] == match["system"] and r["error"]]
+            if not found and name == "infinity-emb" and errors:
+                cells = [f"not measured: {errors[0].splitlines()[0]}", "", ""]
+            lines.append(f"| {name} | {level:g} | " + " | ".join(cells) + " |")
+    lines += ["", "| ratio | " + " | ".join(f"c={v:g}" for v in levels) + " |"]
+    lines.append("|---|" + "---|" * len(levels))
+    for name, match, field in (
+        ("embed ÷ infinity-emb, texts/s", EMBED_ASYNC, "throughput"),
+        ("embed ÷ infinity-emb, p99", EMBED_ASYNC, "p99_ms"),
+        ("FastAPI peer ÷ infinity-emb, texts/s", PEER_ASYNC, "throughput"),
+    ):
+        cells = []
+        for level in levels:
+            values = []
+            for round_ in sorted({r["round"] for r in rows}):
+                value = _vs_infinity(match, int(level), field)(
+                    [r for r in rows if r["round"] == round_], {}
+                )
+                if value is not None:
+                    values.append(value)
+            cells.append(_median_cell(values, 2))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    met = [
+        _vs_infinity(EMBED_ASYNC, int(level))([r for r in rows if r["round"] == n], {})
+        for level in levels
+        for n in sorted({r["round"] for r in rows})
+    ]
+    met = [m for m in met if m is not None]
+    if met:
+        verdict = "met" if min(met) >= INFINITY_TARGET else "**not met**"
+        lines += [
+            "",
+            f"Target embed ≥ {INFINITY_TARGET}x infinity-emb (texts/s, every level and round): "
+            f"{verdict} (lowest {min(met):.2f}x).",
+        ]
+    return lines
+
+
 def write_markdown(
     path: Path, rows: list[dict], raw: dict[int, dict], method: list[str], plots: list[Path]
 ) -> Path:
@@ -476,6 +620,7 @@ def write_markdown(
             met = "n/a: capped by the load generator (headroom < 2)"
         note = f" ({metric.note})" if metric.note else ""
         lines.append(f"| {metric.name}{note} | {measured} | {target} | {met} |")
+    lines += embedding_servers(rows)
     lines += [
         "",
         "## Raw engine in-process (images/s, median over rounds)",
@@ -493,9 +638,9 @@ def write_markdown(
         "",
         "## Every case (median [min – max] over rounds)",
         "",
-        "| system | variant | model | protocol | payload | mode | level | infer/s | "
+        "| system | variant | model | protocol | payload | calls | mode | level | infer/s | "
         "p50 ms | p99 ms | formed batch (classifier or encoder) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in case_table(rows):
 
@@ -507,8 +652,8 @@ def write_markdown(
         batch_field = "encoder_avg_batch" if e["model"] in (EMB, EMB8) else f"{CLS}_avg_batch"
         lines.append(
             f"| {e['system']} | {e['variant']} | {model} | {e['protocol']} | {e['payload']} | "
-            f"{e['mode']} | {e['level']:g} | {cell('throughput')} | {cell('p50_ms', 2)} | "
-            f"{cell('p99_ms', 2)} | {cell(batch_field, 2)} |"
+            f"{e['calls']} | {e['mode']} | {e['level']:g} | {cell('throughput')} | "
+            f"{cell('p50_ms', 2)} | {cell('p99_ms', 2)} | {cell(batch_field, 2)} |"
         )
     failures = [r for r in rows if r.get("error")]
     if failures:
@@ -558,7 +703,8 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
             and e["dataset"] == "samples"
             and e["system"] != "null-peer"
         ):
-            series[(e["system"], e["variant"], e["model"], e["protocol"], e["payload"])].append(e)
+            key = (e["system"], e["variant"], e["model"], e["protocol"], e["payload"], e["calls"])
+            series[key].append(e)
     paths = []
 
     fig, axes = plt.subplots(1, 3, figsize=(20, 5.5), sharey=False)
@@ -568,7 +714,9 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
                 continue
             points.sort(key=lambda e: e["level"])
             x = [e["throughput"][0] for e in points]
-            label = "/".join(k for k in (key[0], key[1], key[3], key[4]) if k != "-")
+            label = "/".join(
+                k for k in (key[0], key[1], key[3], key[4], key[5]) if k not in ("-", "sync")
+            )
             (line,) = ax.plot(x, [e["p50_ms"][0] for e in points], "o-", label=f"{label} p50")
             ax.plot(
                 x,
@@ -619,7 +767,7 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
         ]
         ax.plot(sizes, med, "o-", label=f"raw {kind} (in-process, by batch size)")
     for key in ((CLS, "classifier served"), (ENS, "classify served")):
-        points = series.get(("triton", "batching", key[0], "grpc", "binary"), [])
+        points = series.get(("triton", "batching", key[0], "grpc", "binary", "sync"), [])
         points = sorted(points, key=lambda e: e["level"])
         if points:
             ax.plot(

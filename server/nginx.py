@@ -24,6 +24,7 @@ import argparse
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from pipelines.shaping import ANONYMOUS, Limit, Limits, load_limits
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
 
-__all__ = ["LIMITS", "SHAPING_LOG", "TEMPLATE", "Nginx", "find_nginx", "render"]
+__all__ = ["LIMITS", "SHAPING_LOG", "TEMPLATE", "Nginx", "check_config", "find_nginx", "render"]
 
 TEMPLATE = REPO_ROOT / "docker" / "nginx" / "nginx.conf.template"
 LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
@@ -250,6 +251,29 @@ def render(
     return text
 
 
+def check_config(text: str, nginx: str | None = None) -> None:
+    """Run ``nginx -t`` on a rendered config, in a throwaway prefix (nothing else is touched).
+
+    Raises:
+        ValueError: nginx refused the config; the message is what nginx said.
+        FileNotFoundError: no nginx binary.
+    """
+    binary = nginx or find_nginx()
+    with tempfile.TemporaryDirectory(prefix="nginx-check-") as prefix:
+        for folder in ("tmp", "logs"):
+            Path(prefix, folder).mkdir()
+        config = Path(prefix, "nginx.conf")
+        config.write_text(text)
+        done = subprocess.run(
+            [binary, "-t", "-p", f"{prefix}/", "-c", str(config), "-e", "stderr"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    if done.returncode != 0:
+        raise ValueError(f"nginx -t refused the config:\n{done.stderr.strip()}")
+
+
 class Nginx(ManagedProcess):
     """nginx in front of tritonservers, run from a temp prefix; a context manager.
 
@@ -384,25 +408,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "default: no shaping",
     )
     r.add_argument(
+        "--check", action="store_true", help="also run `nginx -t` on it (needs nginx here)"
+    )
+    r.add_argument(
         "--shaping-log",
         default=SHAPING_LOG,
         help=f"where nginx writes a JSON line per shaped request (default {SHAPING_LOG})",
     )
     args = parser.parse_args(argv)
-    sys.stdout.write(
-        render(
-            args.http,
-            args.grpc,
-            args.http_port,
-            args.grpc_port,
-            host=args.host,
-            workers=args.workers,
-            max_body=args.max_body,
-            user=args.user,
-            limits=load_limits(args.limits) if args.limits else None,
-            shaping_log=args.shaping_log,
-        )
+    text = render(
+        args.http,
+        args.grpc,
+        args.http_port,
+        args.grpc_port,
+        host=args.host,
+        workers=args.workers,
+        max_body=args.max_body,
+        user=args.user,
+        limits=load_limits(args.limits) if args.limits else None,
+        shaping_log=args.shaping_log,
     )
+    if args.check:
+        try:
+            check_config(text)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    sys.stdout.write(text)
     return 0
 
 

@@ -270,40 +270,36 @@ def check(flood: Outcomes, calm: Outcomes, alone: list[Outcomes], limit: shaping
 
 
 # The tests ------------------------------------------------------------------------------------
-def test_nginx_holds_a_flooding_tenant_to_its_bucket_and_spares_the_other(gateway):
+# (what floods: its key, the model it sends to, the bucket that holds it; the calm tenant's model)
+FLOODS = {
+    "tenant": (FLOOD_KEY, spec.ENSEMBLE, FLOOD),
+    # This tenant's own bucket is wide open: only the model's holds it.
+    "model": (WIDE_KEY, spec.TOKENIZE, MODEL),
+}
+
+
+@pytest.mark.parametrize("bucket", FLOODS)
+def test_nginx_holds_a_flood_to_its_bucket_and_spares_the_calm_tenant(gateway, bucket):
     nginx, exporter = gateway
-    protocol = "http"
-    client = Client(nginx.http_url, protocol)
-    before = metric(exporter, "flood", "refused", protocol)
-    try:
-        flood, calm, alone = flood_and_calm(
-            client.sender(FLOOD_KEY, spec.ENSEMBLE, "flood", 1),
-            client.sender(CALM_KEY, spec.ENSEMBLE, "calm", CALM_TEXTS),
-            5 * FLOOD.rate,
-        )
-    finally:
-        client.close()
-    check(flood, calm, alone, FLOOD)
-    # Prometheus sees every refusal (the exporter reads nginx's shaping log).
-    deadline = time.monotonic() + 10
-    while metric(exporter, "flood", "refused", protocol) - before < flood.refused:
-        assert time.monotonic() < deadline, "the exporter did not count every refusal"
-        time.sleep(0.1)
-    assert metric(exporter, "flood", "refused", protocol) - before == flood.refused
-
-
-def test_nginx_holds_a_flooded_model_to_its_bucket_and_spares_other_models(gateway):
-    nginx, _ = gateway
+    key, model, limit = FLOODS[bucket]
+    tenant = LIMITS.keys[key]
+    before = metric(exporter, tenant, model, "refused")
     client = Client(nginx.http_url, "http")
     try:
         flood, calm, alone = flood_and_calm(
-            client.sender(WIDE_KEY, spec.TOKENIZE, "model-flood", 1),
-            client.sender(CALM_KEY, spec.ENSEMBLE, "model-calm", CALM_TEXTS),
-            5 * MODEL.rate,
+            client.sender(key, model, f"{bucket}-flood", 1),
+            client.sender(CALM_KEY, spec.ENSEMBLE, f"{bucket}-calm", CALM_TEXTS),
+            5 * limit.rate,
         )
     finally:
         client.close()
-    check(flood, calm, alone, MODEL)
+    check(flood, calm, alone, limit)
+    # Prometheus sees every refusal (the exporter reads nginx's shaping log).
+    deadline = time.monotonic() + 10
+    while metric(exporter, tenant, model, "refused") - before < flood.refused:
+        assert time.monotonic() < deadline, "the exporter did not count every refusal"
+        time.sleep(0.1)
+    assert metric(exporter, tenant, model, "refused") - before == flood.refused
 
 
 def test_refusals_carry_retry_after_over_http(gateway):
@@ -342,7 +338,7 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
 
     nginx, exporter = gateway
     # A tenant's bucket is shared by HTTP and gRPC: the anonymous one (1/s) is spent over HTTP.
-    before = metric(exporter, shaping.ANONYMOUS, "refused", "grpc")
+    before = metric(exporter, shaping.ANONYMOUS, "", "refused", "grpc")
     http = Client(nginx.http_url, "http")
     try:
         spent = send_at_rate(http.sender("no-such-key-0", spec.TOKENIZE, "spend", 1), 200, 0, 0.02)
@@ -362,7 +358,7 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
         refused.value.trailing_metadata() or ()
     )
     deadline = time.monotonic() + 10
-    while metric(exporter, shaping.ANONYMOUS, "refused", "grpc") == before:
+    while metric(exporter, shaping.ANONYMOUS, "", "refused", "grpc") == before:
         assert time.monotonic() < deadline, "the exporter did not count the gRPC refusal"
         time.sleep(0.1)
 
@@ -396,10 +392,10 @@ def test_the_router_shapes_like_nginx(servers):
     assert issubclass(RateLimited, InferenceServerException)
 
 
-def metric(exporter: ShapingLogExporter, tenant: str, outcome: str, protocol: str) -> float:
-    model = spec.ENSEMBLE if protocol == "http" else ""  # nginx cannot see a gRPC model
-    labels = {"gateway": "nginx", "tenant": tenant, "model": model, "protocol": protocol}
-    value = exporter.registry.get_sample_value(
-        f"{shaping.METRIC}_total", {**labels, "outcome": outcome}
-    )
-    return value or 0.0
+def metric(
+    exporter: ShapingLogExporter, tenant: str, model: str, outcome: str, protocol: str = "http"
+) -> float:
+    """The exporter's count; over gRPC nginx cannot see the model (it is in the body)."""
+    labels = {"gateway": "nginx", "tenant": tenant, "protocol": protocol, "outcome": outcome}
+    labels["model"] = model if protocol == "http" else ""
+    return exporter.registry.get_sample_value(f"{shaping.METRIC}_total", labels) or 0.0

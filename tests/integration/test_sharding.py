@@ -23,7 +23,7 @@ from client.embed import build_inputs
 from client.router import Router, is_retryable
 from pipelines import embedding as spec
 from server import Server, ServerConfig
-from server.nginx import USER_ID_HEADER, Nginx, find_nginx, render
+from server.nginx import USER_ID_HEADER, Nginx, check_config, find_nginx, render
 
 pytestmark = pytest.mark.integration
 
@@ -344,24 +344,11 @@ def test_failover_and_rejoin_under_load(cluster, protocol, victim, how):
 
 
 # (d) nginx in front -------------------------------------------------------------------------
-def test_rendered_nginx_config_passes_nginx_t(nginx_binary, tmp_path):
-    (tmp_path / "tmp").mkdir()
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(
-        render(
-            ["127.0.0.1:9000", "127.0.0.1:9010"], ["127.0.0.1:9001", "127.0.0.1:9011"], 18000, 18001
-        )
+def test_rendered_nginx_config_passes_nginx_t(nginx_binary):
+    text = render(
+        ["127.0.0.1:9000", "127.0.0.1:9010"], ["127.0.0.1:9001", "127.0.0.1:9011"], 18000, 18001
     )
-    import subprocess
-
-    done = subprocess.run(
-        [nginx_binary, "-t", "-p", f"{tmp_path}/", "-c", str(conf), "-e", "stderr"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
-    text = conf.read_text()
+    check_config(text, nginx_binary)
     for needed in (
         "server 127.0.0.1:9000 max_fails=1",
         "server 127.0.0.1:9011 max_fails=1",

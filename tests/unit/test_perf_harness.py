@@ -112,7 +112,7 @@ def test_cores_are_split_between_server_and_load_generator():
 
 def test_short_plan_covers_every_metric_and_stays_small():
     plan = harness.Plan.short()
-    assert plan.size() * plan.rounds <= 72
+    assert plan.size() * plan.rounds <= 92  # 10 of them per round: infinity-emb and its twins
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
     assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
@@ -243,7 +243,9 @@ def test_full_plan_is_well_formed():
     }
     peers = 2 * 2 * 6  # classifier and embed, JSON and binary, six levels
     nulls = 2 * 2 * 3
-    assert plan.size() == len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels)
+    # infinity-emb and the FastAPI peer with async calls at its levels, its null twin.
+    infinity = 2 * len(plan.infinity_levels) + len(harness.OPENAI_NULL_LEVELS)
+    assert plan.size() == len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels) + infinity
 
 
 def test_raw_engine_measures_every_kind(classifier_onnx, encoder_onnx):

@@ -1,0 +1,105 @@
+"""Which cores every thread of a server may run on: pin them all, read it back, summarize it.
+
+``taskset -c`` at start pins a process and what it starts, but a library may change its own
+threads' affinity afterwards (onnxruntime pins its thread pool to cores by itself when it sizes
+the pool on its own). So after a server is up, every thread of it and of its child processes is
+pinned again with ``taskset -a -p`` and each thread's ``Cpus_allowed_list`` is read back from
+/proc, for the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from server.process import children
+
+log = logging.getLogger(__name__)
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """Cores of a kernel CPU list such as ``0-2,5`` (as in ``Cpus_allowed_list``)."""
+    cores: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return frozenset(cores)
+
+
+def allowed_list(status: str) -> str:
+    """The ``Cpus_allowed_list`` value of a /proc ``status`` file's text.
+
+    Raises:
+        ValueError: the field is missing.
+    """
+    for line in status.splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise ValueError("no Cpus_allowed_list in status text")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process it started."""
+    return [pid, *children(pid)]
+
+
+def thread_affinities(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[int, str]:
+    """{thread id: Cpus_allowed_list} of every thread of ``pids``; threads that exit are skipped."""
+    found: dict[int, str] = {}
+    for pid in pids:
+        try:
+            tasks = list((proc / str(pid) / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                found[int(task.name)] = allowed_list((task / "status").read_text())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def pin_command(pid: int, cpus: Iterable[int]) -> list[str]:
+    """``taskset -a -p -c <cores> <pid>``: every thread of one process."""
+    return ["taskset", "-a", "-p", "-c", ",".join(map(str, sorted(cpus))), str(pid)]
+
+
+def pin(pid: int, cpus: Iterable[int]) -> list[int]:
+    """Pin every thread of ``pid`` and of its descendants to ``cpus``; the processes pinned."""
+    cpus = list(cpus)
+    pids = process_tree(pid)
+    for p in pids:
+        done = subprocess.run(pin_command(p, cpus), capture_output=True, text=True)
+        if done.returncode != 0:  # a process that exited in between: nothing left to pin
+            log.info("taskset on %d: %s", p, done.stderr.strip())
+    return pids
+
+
+def summarize(affinities: dict[int, str], cpus: Iterable[int]) -> str:
+    """``15 threads: all on cores 1`` or ``15 threads: 14 on 1, 1 on 0-1 (NOT all on 1)``."""
+    wanted = frozenset(cpus)
+    label = ",".join(map(str, sorted(wanted)))
+    counts = Counter(affinities.values())
+    if not counts:
+        return "no threads found"
+    if all(parse_cpu_list(value) <= wanted for value in counts):
+        return f"{len(affinities)} threads: all on cores {label}"
+    spread = ", ".join(f"{n} on {value}" for value, n in counts.most_common())
+    return f"{len(affinities)} threads: {spread} (NOT all on cores {label})"
+
+
+def pin_and_report(name: str, pid: int, cpus: Iterable[int]) -> str:
+    """Pin a server's threads, and say what they were allowed before and after, in one line."""
+    cpus = list(cpus)
+    before = thread_affinities(process_tree(pid))
+    pids = pin(pid, cpus)
+    after = thread_affinities(process_tree(pid))
+    return (
+        f"{name} (pid {pid}, {len(pids)} process(es)): before `taskset -a -p`: "
+        f"{summarize(before, cpus)}; after: {summarize(after, cpus)}"
+    )
