@@ -10,11 +10,12 @@ assert what shaping promises:
 * the same for one model flooded past its per-model limit, with another model alongside;
 * nothing is lost: every request sent is answered or refused, none fails or hangs.
 
-The flood sends many small requests (one text), the calm tenant fewer larger ones (8 texts).
-Unshaped, five times the flood's rate loads this machine's two cores so that the calm tenant's
-p99 rises past 1.5x (1.7x, with all 600 flood requests admitted, when the flood tenant's bucket
-was raised to 1000/s); shaped, the flood keeps to a fifth of that (1.1-1.2x in the same runs),
-and a calm request that meets one of its requests waits for one small batch at most.
+The flood sends many small requests (one text, 200 a second), the calm tenant fewer larger
+ones (8 texts, 8 a second). Unshaped, the flood loads this machine's two cores so that the
+calm tenant's p99 rises to 3.9x its p99 alone (1.8x with the flood on the INT8 model), seen
+with the flood's buckets raised to 1000/s; shaped, it was 1.02-1.19x in quiet runs. With a
+busy loop taking one of the two cores as well, the flood's admitted fifth alone took it to
+1.6x: on such a machine the p99 bound is tighter than the load the test puts on it.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
 
 FLOOD_KEY, CALM_KEY, WIDE_KEY = "flood-key-0001", "calm-key-0001", "wide-key-0001"
-FLOOD = shaping.Limit(rate=20, capacity=20)
-MODEL = shaping.Limit(rate=20, capacity=20)  # the per-model limit, on `tokenize`
+FLOOD = shaping.Limit(rate=40, capacity=40)
+MODEL = shaping.Limit(rate=40, capacity=40)  # the per-model limit, on INT8
+INT8 = "embed_int8"  # the same service on the INT8 encoder: a second model next to `embed`
 LIMITS = shaping.parse_limits(
     {
         "anonymous": {"rate": 1, "capacity": 1},
@@ -58,16 +60,21 @@ LIMITS = shaping.parse_limits(
             # Only the model's bucket limits this tenant.
             "wide": {"keys": [WIDE_KEY], "rate": 1000, "capacity": 1000},
         },
-        "models": {spec.TOKENIZE: {"rate": MODEL.rate, "capacity": MODEL.capacity}},
+        "models": {INT8: {"rate": MODEL.rate, "capacity": MODEL.capacity}},
     }
 )
 EXTRA_ARGS = [
     "--model-control-mode=explicit",
     f"--load-model={spec.ENSEMBLE}",  # with its steps, tokenize among them
+    f"--load-model={INT8}",
 ]
-CALM_TEXTS = 8  # per calm request
+# The calm tenant's requests take long enough (8 texts) that a few milliseconds of a busy
+# machine do not move their p99, and 64 of them in SEND_S make a p99 that one stray slow
+# answer does not decide. The flood's are small (one text) and many.
+CALM_TEXTS = 8
 CALM_RATE = 8.0  # per second: the calm tenant's rate
-SEND_S = 5.0
+FLOOD_TEXTS = 1
+SEND_S = 8.0
 WARMUP_S = 1.0  # the flood's first burst is spent before the calm tenant is measured
 P99_RATIO = 1.5
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
@@ -274,7 +281,7 @@ def check(flood: Outcomes, calm: Outcomes, alone: list[Outcomes], limit: shaping
 FLOODS = {
     "tenant": (FLOOD_KEY, spec.ENSEMBLE, FLOOD),
     # This tenant's own bucket is wide open: only the model's holds it.
-    "model": (WIDE_KEY, spec.TOKENIZE, MODEL),
+    "model": (WIDE_KEY, INT8, MODEL),
 }
 
 
@@ -287,7 +294,7 @@ def test_nginx_holds_a_flood_to_its_bucket_and_spares_the_calm_tenant(gateway, b
     client = Client(nginx.http_url, "http")
     try:
         flood, calm, alone = flood_and_calm(
-            client.sender(key, model, f"{bucket}-flood", 1),
+            client.sender(key, model, f"{bucket}-flood", FLOOD_TEXTS),
             client.sender(CALM_KEY, spec.ENSEMBLE, f"{bucket}-calm", CALM_TEXTS),
             5 * limit.rate,
         )
@@ -378,7 +385,7 @@ def test_the_router_shapes_like_nginx(servers):
             return send
 
         flood, calm, alone = flood_and_calm(
-            sender(FLOOD_KEY, "router-flood", 1),
+            sender(FLOOD_KEY, "router-flood", FLOOD_TEXTS),
             sender(CALM_KEY, "router-calm", CALM_TEXTS),
             5 * FLOOD.rate,
         )
