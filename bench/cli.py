@@ -12,7 +12,7 @@ from bench import harness, infinity, inputs, perf_analyzer, report, tune, varian
 
 EXAMPLES = """
 examples:
-  python -m bench perf                    # short run, about 9 minutes on 2 cores + infinity-emb
+  python -m bench perf                    # short run, about 11 minutes on 2 cores
   python -m bench perf --full             # every model, protocol, variant and level
   python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report

@@ -87,7 +87,7 @@ class Case:
 
 @dataclass
 class Plan:
-    """What a run measures. ``short()``: about 9 minutes on 2 cores, plus infinity-emb's rows.
+    """What a run measures. ``short()``: about 11 minutes on 2 cores, infinity-emb's rows included.
 
     Those add 10 load levels and one infinity-emb start (about 30 s here) per round, and its
     installation on first use; ``full()`` is everything.
