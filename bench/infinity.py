@@ -195,7 +195,38 @@ def taskset(cmd: list[str], cpus: Sequence[int] | None) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cpus)), *cmd] if cpus else cmd
 
 
-class InfinityServer(ManagedProcess):
+class _PinnedHttpServer(ManagedProcess):
+    """A server process on ``host:port`` (0: a free port at start), pinned to ``cpus``."""
+
+    def __init__(
+        self,
+        cpus: Sequence[int] | None,
+        port: int,
+        host: str,
+        log_path: Path | None = None,
+    ):
+        super().__init__(log_path)
+        self.cpus = list(cpus) if cpus else None
+        self.port = port
+        self.host = host
+
+    @property
+    def url(self) -> str:
+        """host:port, as perf_analyzer's ``-u`` expects."""
+        return f"{client_host(self.host)}:{self.port}"
+
+    @property
+    def ready_url(self) -> str:
+        """/health: infinity answers it once the model is loaded; the null server always."""
+        return f"http://{self.url}/health"
+
+    def prepare(self) -> None:
+        """Pick a free port if asked (0)."""
+        if self.port == 0:
+            self.port = free_port(client_host(self.host))
+
+
+class InfinityServer(_PinnedHttpServer):
     """``infinity_emb v2`` on a free port, started under ``taskset -c`` on the server's cores.
 
     Its working directory is the model folder and its model id ``.``: infinity 0.0.78 hands
@@ -216,28 +247,10 @@ class InfinityServer(ManagedProcess):
         batch_size: int = BATCH_SIZE,
         log_path: Path | None = None,
     ):
-        super().__init__(log_path)
+        super().__init__(cpus, port, host, log_path)
         self.venv = venv
         self.model_dir = model_dir
-        self.cpus = list(cpus) if cpus else None
-        self.port = port
-        self.host = host
         self.batch_size = batch_size
-
-    @property
-    def url(self) -> str:
-        """host:port, as perf_analyzer's ``-u`` expects."""
-        return f"{client_host(self.host)}:{self.port}"
-
-    @property
-    def ready_url(self) -> str:
-        """/health answers once the model is loaded and timed."""
-        return f"http://{self.url}/health"
-
-    def prepare(self) -> None:
-        """Pick a free port if asked (0)."""
-        if self.port == 0:
-            self.port = free_port(client_host(self.host))
 
     def command(self) -> list[str]:
         """The server's command line behind taskset."""
@@ -334,32 +347,14 @@ async def null_app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": _NULL_BODY})
 
 
-class NullOpenAIServer(ManagedProcess):
+class NullOpenAIServer(_PinnedHttpServer):
     """``null_app`` under uvicorn (uvloop, httptools), pinned like the servers it stands in for."""
 
     name = "null-openai"
     poll_interval = 0.1
 
     def __init__(self, cpus: Sequence[int] | None = None, port: int = 0, host: str = "127.0.0.1"):
-        super().__init__(None)
-        self.cpus = list(cpus) if cpus else None
-        self.port = port
-        self.host = host
-
-    @property
-    def url(self) -> str:
-        """host:port."""
-        return f"{client_host(self.host)}:{self.port}"
-
-    @property
-    def ready_url(self) -> str:
-        """Any path answers."""
-        return f"http://{self.url}/health"
-
-    def prepare(self) -> None:
-        """Pick a free port if asked (0)."""
-        if self.port == 0:
-            self.port = free_port(client_host(self.host))
+        super().__init__(cpus, port, host)
 
     def command(self) -> list[str]:
         """Uvicorn from this environment, behind taskset."""
