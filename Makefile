@@ -28,13 +28,13 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 # Re-exported when the network, the export code or the pinned packages change.
 $(CLASSIFIER_ONNX): $(STAMP) pipelines/efficientnet_lite.py pipelines/classification.py \
-		pipelines/image.py pipelines/samples.py pipelines/onnx_runner.py \
+		pipelines/image.py export/samples.py pipelines/onnx_runner.py \
 		export/__main__.py export/onnx_export.py export/efficientnet_lite0.py
 	$(PY) -m export efficientnet_lite0 --output $@
 
 # Every encoder file comes from one export run (the INT8 ones are quantized from fp32):
 # version 1 fp32, version 2 dynamic INT8 (CPU) and static Q/DQ INT8 (for TensorRT).
-$(ENCODER_ONNX): $(STAMP) pipelines/minilm.py pipelines/embedding.py pipelines/text_samples.py \
+$(ENCODER_ONNX): $(STAMP) export/bert.py pipelines/embedding.py export/text_samples.py \
 		pipelines/onnx_runner.py export/__main__.py export/onnx_export.py export/minilm.py
 	$(PY) -m export minilm --output $@ --int8-output $(ENCODER_INT8_ONNX) \
 		--qdq-output $(ENCODER_QDQ_ONNX)
@@ -53,8 +53,9 @@ models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ON
 serve: models
 	$(PY) -m server --host $(HOST) $(SERVE_ARGS)
 
-# Which top-level package imports which, and whether the one-way rules hold.
+# Whether the one-way import rules of pyproject.toml hold (import-linter), and the graph itself.
 imports: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m tests.layout
 
 lint: $(STAMP)
@@ -87,13 +88,13 @@ perf: models
 GPU_PYTHON ?= 3.12
 GPU_CHECK_OUT ?= results/gpu-check
 gpu-bundle: $(STAMP)
-	$(PY) -m bench.gpu_check bundle --out .gpu-bundle --python $(GPU_PYTHON)
+	$(PY) -m tests.gpu_check bundle --out .gpu-bundle --python $(GPU_PYTHON)
 
 gpu-check:
-	python3 -m bench.gpu_check run --bundle .gpu-bundle --out $(GPU_CHECK_OUT)
+	python3 -m tests.gpu_check run --bundle .gpu-bundle --out $(GPU_CHECK_OUT)
 
 samples: $(STAMP)
-	$(PY) -m client samples samples/
+	$(PY) -m export samples samples/
 
 clean:
 	rm -f $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX)

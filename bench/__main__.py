@@ -5,7 +5,7 @@ Examples:
     python -m bench tune classify --p99-ms 80 # SLO tuner: writes configs/local-tuned.pbtxt
     python -m bench.overload --service embed  # load shedding at 4x capacity
     python -m bench.contention                # two models sharing one core
-    python -m bench.gpu_check run --smoke --out results/gpu-smoke   # the GPU check, on a CPU
+    python -m tests.gpu_check run --smoke --out results/gpu-smoke   # the GPU check, on a CPU
 """
 
 from __future__ import annotations

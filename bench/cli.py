@@ -182,7 +182,7 @@ def add_tune_parser(sub) -> None:
 
 def tune_run(args: argparse.Namespace) -> int:
     """Measure raw curves, rank candidates, verify within the budget, write the winner."""
-    from pipelines.reference import ReferenceClassifier
+    from bench.reference import ReferenceClassifier
     from server.launcher import MODEL_REPOSITORY
 
     started = time.monotonic()

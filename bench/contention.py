@@ -129,7 +129,8 @@ def _background(url: str, kind: str, concurrency: int, seconds: float, results) 
     """
     import tritonclient.grpc as grpc
 
-    from pipelines import image, samples, text_samples
+    from export import samples, text_samples
+    from pipelines import image
 
     pixels = image.preprocess(samples.photo_bytes("chelsea"))[None].astype(np.float32)
     documents = [f"{s} (document {i})" for i, s in enumerate(text_samples.SENTENCES * 4)]

@@ -24,8 +24,9 @@ from pathlib import Path
 import tritonclient.http as http
 
 from bench import affinity, infinity, inputs, perf_analyzer, stats, variants
+from export import text_samples
 from pipelines import classification as spec
-from pipelines import embedding, text_samples
+from pipelines import embedding
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
@@ -434,7 +435,7 @@ class Runner:
         """All rounds: raw, every variant (rotated order), rate sweep, peer, null peer."""
         data_dir = self.out_dir / "inputs"
         data_dir.mkdir(parents=True, exist_ok=True)
-        from pipelines.reference import ReferenceClassifier
+        from bench.reference import ReferenceClassifier
 
         reference = ReferenceClassifier(ONNX)
         data = {m: inputs.write(m, data_dir, reference) for m in MODELS + TEXT_MODELS}

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from export import samples, text_samples
 from pipelines import classification as spec
-from pipelines import embedding, image, samples, text_samples
+from pipelines import embedding, image
 
 # The embedding service's traffic: short queries, each its own request.
 EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")  # ensembles with a response cache

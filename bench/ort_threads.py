@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / ".peers" / "infinity" / "model" / "onnx"
-# Short sentences of the kind the benchmark sends (pipelines/text_samples.py).
+# Short sentences of the kind the benchmark sends (export/text_samples.py).
 TEXTS = (
     "A man is eating food.",
     "A man is riding a white horse on an enclosed ground.",

@@ -26,10 +26,9 @@ from pathlib import Path
 
 from bench import load
 from client import classify, embed
-from export import model_config
+from export import model_config, samples, text_samples
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from pipelines import samples, text_samples
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 

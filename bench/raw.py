@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import image, samples
-from pipelines.reference import ReferenceClassifier
+from bench.reference import ReferenceClassifier
+from export import samples
+from pipelines import image
 
 
 def throughput(step: Callable[[], None], items_per_step: int, seconds: float) -> float:
@@ -61,7 +62,8 @@ def embed_curve(
 
     Short queries (the sample sentences), padded to the longest of each batch.
     """
-    from pipelines import embedding, onnx_runner, text_samples
+    from export import text_samples
+    from pipelines import embedding, onnx_runner
 
     session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
     texts = list(text_samples.SENTENCES)
@@ -85,7 +87,8 @@ def padding_effect(onnx_path: Path, threads: int, seconds: float) -> dict[str, f
     Padded to the longest text of the batch (one [49, 256] run) against per-request buckets
     as the tokenize step pads them (the short ones share a [48, 16] run, the long one [1, 256]).
     """
-    from pipelines import embedding, onnx_runner, text_samples
+    from export import text_samples
+    from pipelines import embedding, onnx_runner
 
     session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
     texts = list(text_samples.SENTENCES) * 4 + [text_samples.LONG_TEXT]

@@ -5,7 +5,6 @@ Examples:
     python -m client classify cat.jpg --protocol grpc --url localhost:8001
     python -m client embed "A man is eating food." "A man is riding a horse."
     python -m client embed --file texts.jsonl --out vectors.npy --protocol grpc
-    python -m client samples samples/      # write the bundled sample photos as JPEG files
 
 Benchmarks and the SLO tuner are ``python -m bench``.
 """
@@ -70,8 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     emb.add_argument("--batch-size", type=int, default=32)
     emb.add_argument("--concurrency", type=int, default=8)
     _add_connection_args(emb)
-    smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
-    smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
 
 
@@ -123,25 +120,12 @@ def embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def samples(args: argparse.Namespace) -> int:
-    """Write every sample photo as <name>.jpg into the directory."""
-    from pipelines import samples as sample_photos
-
-    args.directory.mkdir(parents=True, exist_ok=True)
-    for name in sample_photos.PHOTOS:
-        path = args.directory / f"{name}.jpg"
-        path.write_bytes(sample_photos.photo_bytes(name))
-        print(path)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: exit 0 on success, 1 with a one-line message on a known failure."""
     args = parse_args(argv)
     commands = {
         "classify": classify,
         "embed": embed,
-        "samples": samples,
     }
     try:
         return commands[args.command](args)

@@ -6,6 +6,7 @@ Examples:
     python -m export embed-graph   # embed_graph/1/model.onnx: tokenizer op + fp32 encoder
     python -m export tensorrt --commands   # the trtexec commands for every engine (no GPU needed)
     python -m export tensorrt --engines /engines --parity   # build + check (TensorRT + GPU)
+    python -m export samples samples/   # the sample photos the parity checks use, as JPEG files
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from export import efficientnet_lite0, minilm, onnx_export, tensorrt, text_graph
+from export import efficientnet_lite0, minilm, onnx_export, samples, tensorrt, text_graph
 
 log = logging.getLogger("export")
 
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     trt.add_argument("--only", action="append", help="only these models (repeatable)")
     trt.add_argument("--commands", action="store_true", help="print trtexec commands, build none")
     trt.add_argument("--parity", action="store_true", help="compare each engine with onnxruntime")
+    smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
+    smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
 
 
@@ -93,6 +96,15 @@ def build_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_samples(directory: Path) -> None:
+    """Write every sample photo as <name>.jpg into the directory, for clients to send."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in samples.PHOTOS:
+        path = directory / f"{name}.jpg"
+        path.write_bytes(samples.photo_bytes(name))
+        print(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit status 1 when the parity check fails."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -106,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         text_graph.main(args.encoder, args.output)
     elif args.model == "tensorrt":
         return build_engines(args)
+    elif args.model == "samples":
+        write_samples(args.directory)
     return 0
 
 

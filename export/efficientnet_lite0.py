@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import onnx_export
+from export import onnx_export, samples
 from pipelines import classification as spec
-from pipelines import efficientnet_lite, image, onnx_runner, samples
+from pipelines import efficientnet_lite, image, onnx_runner
 
 log = logging.getLogger(__name__)
 

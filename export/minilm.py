@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import onnx_export
+from export import bert, onnx_export, text_samples
 from pipelines import embedding as spec
-from pipelines import minilm, onnx_runner, text_samples
+from pipelines import onnx_runner
 
 log = logging.getLogger(__name__)
 
@@ -139,14 +139,14 @@ def main(
     output: Path, int8_output: Path | None, opset: int, qdq_output: Path | None = None
 ) -> None:
     """Export fp32 (pooled in the graph; dynamic batch and sequence axes), verify; INT8, verify."""
-    model = minilm.load_pretrained()
+    model = bert.load_pretrained()
     log.info("loaded all-MiniLM-L6-v2 (sha256 verified)")
     texts = parity_texts()
     expected = reference_embeddings(model, texts)
     ids, mask = spec.tokenize(texts[:2])
     with onnx_export.staged(output) as path:
         onnx_export.export(
-            minilm.SentenceEncoder(model),
+            bert.SentenceEncoder(model),
             (torch.from_numpy(ids), torch.from_numpy(mask)),
             path,
             input_names=[spec.INPUT_IDS, spec.ATTENTION_MASK],

@@ -135,7 +135,7 @@ def sequence_range() -> tuple[int, int, int]:
 
 
 def _typical_texts() -> Sequence[str]:
-    from pipelines import text_samples
+    from export import text_samples
 
     return text_samples.SENTENCES
 

@@ -1,6 +1,8 @@
-"""Plain functions and model contracts shared by export/, model_repository/, client/ and tests/.
+"""What tritonserver's Python stubs import at serve time, installed into their environment.
 
-Nothing here imports Triton but ``pipelines.backend``, the glue that runs inside tritonserver's
-Python stub: the ``model.py`` files are thin adapters over these functions through it, and the
-tests and benchmarks call the very same functions in-process.
+Tensor names and model contracts, pre/post-processing, the tokenizer, the onnxruntime runner, the
+network a GPU stub runs in PyTorch (``efficientnet_lite``), and ``pipelines.backend``, the glue
+between those functions and Triton. Export, client, benchmarks and tests import the same
+functions; what only they need (networks for export, sample data, the reference pipeline, the
+gateway's token buckets) lives beside them.
 """

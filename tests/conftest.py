@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from export import samples
 from pipelines import classification as spec
-from pipelines import samples
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
 
@@ -45,7 +45,7 @@ def encoder_onnx() -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def reference(classifier_onnx):
     """The in-process classify pipeline on onnxruntime: what every served path must match."""
-    from pipelines.reference import ReferenceClassifier
+    from bench.reference import ReferenceClassifier
 
     return ReferenceClassifier(classifier_onnx)
 

@@ -1,7 +1,7 @@
 """The Grafana dashboard and the alert rules against a real tritonserver's /metrics.
 
 Every metric a panel, a dashboard variable or an alert names must be one that our running server
-or the gateway's shaping exporter (``server/gateway_metrics.py``) exports; a real Prometheus then
+or the gateway's shaping exporter (``gateway/metrics.py``) exports; a real Prometheus then
 scrapes both and evaluates every dashboard query.
 
 GPU metrics cannot come from this machine's server (no GPU): they are checked against a GPU
@@ -26,7 +26,7 @@ import yaml
 from prometheus_client import generate_latest, start_http_server
 
 from client.embed import EmbedClient
-from server.gateway_metrics import ShapingLogExporter
+from gateway.metrics import ShapingLogExporter
 from server.launcher import free_port
 from tests import promql
 from tests.helpers import prometheus_tool

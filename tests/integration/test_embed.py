@@ -11,9 +11,9 @@ import pytest
 
 from client.connection import ClientError, module
 from client.embed import AsyncEmbedClient, EmbedClient
+from export import bert, text_samples
 from export import minilm as export_minilm
 from pipelines import embedding as spec
-from pipelines import minilm, text_samples
 from tests.helpers import batched_in_some_burst, run_cli
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def url(server, protocol: str) -> str:
 
 @pytest.fixture(scope="module")
 def reference():
-    model = minilm.load_pretrained()
+    model = bert.load_pretrained()
     return lambda texts: export_minilm.reference_embeddings(model, list(texts))
 
 

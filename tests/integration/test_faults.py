@@ -33,9 +33,9 @@ from tritonclient.utils import InferenceServerException
 
 from bench import load
 from client import classify, connection, embed
+from export import samples
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from pipelines import samples
 from server import Server, ServerConfig, process, repository
 from server.launcher import MODEL_REPOSITORY
 from server.process import shm_regions_of_group

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from client.classify import ClassifyClient
-from pipelines import samples
+from export import samples
 from server import launcher, process
 from server.launcher import Server, ServerConfig, ServerStartError
 from tests.helpers import REPO, RERUN_KNOWN_ABORT, known_abort_raised

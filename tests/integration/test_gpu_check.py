@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 def test_gpu_check_smoke_runs_every_stage_on_the_cpu(tmp_path, classifier_onnx):
     out = tmp_path / "gpu-check"
-    command = [sys.executable, "-m", "bench.gpu_check", "run", "--smoke", "--out", str(out)]
+    command = [sys.executable, "-m", "tests.gpu_check", "run", "--smoke", "--out", str(out)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "gpu-check.json").read_text())
@@ -70,7 +70,7 @@ def test_the_stubs_import_what_the_overlay_lists_and_ignore_pythonpath(tmp_path,
     """The Python-backend stub of Python 3.11+ runs an isolated interpreter (pybind11 2.10):
     PYTHONPATH does not reach it, the site-packages of the `python3` first on PATH do. The GPU
     check therefore serves from a virtual environment whose .pth lists the bundle."""
-    from bench import gpu_check
+    from tests import gpu_check
 
     unpacked, elsewhere, repository = tmp_path / "site", tmp_path / "env", tmp_path / "repo"
     for folder, module in ((unpacked, "from_overlay"), (elsewhere, "from_env")):

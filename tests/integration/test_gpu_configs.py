@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import tritonclient.http as httpclient
 
-from bench import gpu_check
 from client.classify import ClassifyClient
 from pipelines import classification as spec
 from server import Server
+from tests import gpu_check
 from tests.integration.test_classify import assert_matches_reference
 
 pytestmark = pytest.mark.integration

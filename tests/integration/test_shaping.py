@@ -37,12 +37,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client.embed import build_inputs
-from client.router import RateLimited, Router
+from gateway import shaping
+from gateway.metrics import ShapingLogExporter
+from gateway.nginx import Nginx, find_nginx
+from gateway.router import RateLimited, Router
 from pipelines import embedding as spec
-from pipelines import shaping
 from server import Server, ServerConfig
-from server.gateway_metrics import ShapingLogExporter
-from server.nginx import Nginx, find_nginx
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ from tritonclient.utils import InferenceServerException
 
 from client import connection
 from client.embed import build_inputs
-from client.router import Router, is_retryable
+from gateway.nginx import USER_ID_HEADER, Nginx, check_config, find_nginx, render
+from gateway.router import Router, is_retryable
 from pipelines import embedding as spec
 from server import Server, ServerConfig
-from server.nginx import USER_ID_HEADER, Nginx, check_config, find_nginx, render
 
 pytestmark = pytest.mark.integration
 
@@ -364,7 +364,7 @@ def test_rendered_nginx_config_passes_nginx_t(nginx_binary):
 def nginx_sender(protocol: str, url: str):
     """A Load sender through nginx: one client per thread, the user id as a header.
 
-    A retryable failure (``client.router.is_retryable``) is sent once more and recorded in
+    A retryable failure (``gateway.router.is_retryable``) is sent once more and recorded in
     ``send.retried``: nginx cannot resend a gRPC request whose body it already streamed to a
     server that then died, so that one comes back as UNAVAILABLE (HTTP/2 status 502).
     """

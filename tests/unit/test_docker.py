@@ -258,6 +258,7 @@ def test_image_copies_the_application_and_its_requirements(dockerfile):
         "pyproject.toml",
         "pipelines",
         "server",
+        "gateway",
         "export",
         "model_repository",
     }
@@ -309,6 +310,7 @@ def in_build_context(path: str) -> bool:
         "docker/requirements.txt",
         "pipelines/image.py",
         "server/launcher.py",
+        "gateway/nginx.py",
         "export/onnx_export.py",
         "model_repository/classifier/config.pbtxt",
         "model_repository/classifier/configs/gpu.pbtxt",

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from export import bert, text_samples
 from export import minilm as export_minilm
 from pipelines import embedding as spec
-from pipelines import minilm, text_samples
 
 
 @pytest.fixture(scope="module")
 def model():
-    return minilm.load_pretrained()
+    return bert.load_pretrained()
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_exported_models_match_pytorch(model, encoder_onnx):
 
 def test_parity_check_fails_for_a_different_network(model, encoder_onnx):
     texts = export_minilm.parity_texts()[:4]
-    other = minilm.load_pretrained()
+    other = bert.load_pretrained()
     with torch.no_grad():
         other.encoder.layer[0].output.dense.bias[::2] += (
             0.05  # not uniform: LayerNorm would undo that

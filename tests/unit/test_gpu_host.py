@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bench import gpu_check
 from server.launcher import find_installation
+from tests import gpu_check
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 

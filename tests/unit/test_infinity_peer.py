@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import affinity, harness, infinity, inputs, report
-from pipelines import text_samples
+from export import text_samples
 
 STATUS = """Name:\tinfinity_emb
 Pid:\t17603

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import triton_python_backend_utils as pb_utils
 
-from export import model_config
+from export import model_config, samples
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from pipelines import image, samples
+from pipelines import image
 from server.launcher import MODEL_REPOSITORY
 
 INVALID, CANCELLED = pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.CANCELLED
@@ -151,7 +151,7 @@ def classifier(classifier_onnx):
 
 
 def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(classifier):
-    from pipelines.reference import ReferenceClassifier
+    from bench.reference import ReferenceClassifier
 
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
     wrong = np.zeros((1, 3, 224, 200), np.float32)  # its own shape group, which cannot run
@@ -219,7 +219,7 @@ def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(en
 
 def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it():
     """The gpu-local runner (PyTorch), here on a CPU instance; tensors leave through DLPack."""
-    from pipelines.reference import ReferenceClassifier
+    from bench.reference import ReferenceClassifier
 
     model = load(cspec.CLASSIFIER, config_name="gpu-local")
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])

@@ -23,9 +23,10 @@ import pytest
 
 from bench import peer as peer_mod
 from bench.peer import MicroBatcher, PeerServer, create_app
+from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding as embed_spec
-from pipelines import onnx_runner, text_samples
+from pipelines import onnx_runner
 
 SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
 

@@ -1,4 +1,4 @@
-"""Token buckets (pipelines/shaping.py), the shaping log exporter and the router's shaping."""
+"""Token buckets (gateway/shaping.py), the shaping log exporter and the router's shaping."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import tomllib
 from prometheus_client import generate_latest
 
-from client.router import RateLimited, Router, is_retryable
-from pipelines import shaping
-from server.gateway_metrics import ShapingLogExporter
-from server.nginx import LIMITS, check_config, find_nginx, render
+from gateway import shaping
+from gateway.metrics import ShapingLogExporter
+from gateway.nginx import LIMITS, check_config, find_nginx, render
+from gateway.router import RateLimited, Router, is_retryable
 
 SECTIONS = {
     "anonymous": {"rate": 1, "capacity": 2},

@@ -14,7 +14,7 @@ Example:
         outputs = connection.make_outputs(router.mod, ["EMBEDDING"])
         result = router.infer("user-42", "embed", inputs, outputs)
 
-With ``limits`` (``pipelines.shaping.load_limits("docker/nginx/limits.toml")``), the router
+With ``limits`` (``gateway.shaping.load_limits("docker/nginx/limits.toml")``), the router
 shapes traffic as nginx does with the same file: a token bucket per tenant (told apart by the
 API key header in ``headers=``) and per model. A request over either bucket raises
 :class:`RateLimited` (status ``429``, gRPC ``StatusCode.RESOURCE_EXHAUSTED``, as through nginx)
@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter
 from tritonclient.utils import InferenceServerException
 
 from client import connection
-from pipelines import shaping
+from gateway import shaping
 
 __all__ = [
     "AllShardsFailed",
@@ -251,7 +251,7 @@ class Router:
             thread; ``None`` disables it (shards then go down only on failures and come back
             only through ``check()``).
         probe_timeout: seconds a readiness probe may take.
-        limits: token buckets per tenant and model (``pipelines.shaping``); None: no shaping.
+        limits: token buckets per tenant and model (``gateway.shaping``); None: no shaping.
         registry: where the shaping counter is kept (a new registry by default); serve it
             with ``prometheus_client.start_http_server(port, registry=router.registry)``.
     """

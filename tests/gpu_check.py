@@ -22,9 +22,9 @@ GPU utilization and memory, served-vs-raw top-1 agreement), the server log, and 
 ``/metrics`` text into the folder given with ``--out``. Stages are bounded so the whole run
 fits 8 minutes.
 
-    python -m bench.gpu_check bundle --python 3.12               # once: .gpu-bundle/
-    python3 -m bench.gpu_check run --bundle .gpu-bundle --out DIR  # on the GPU host
-    python -m bench.gpu_check run --smoke --out DIR               # here, CPU, quick
+    python -m tests.gpu_check bundle --python 3.12               # once: .gpu-bundle/
+    python3 -m tests.gpu_check run --bundle .gpu-bundle --out DIR  # on the GPU host
+    python -m tests.gpu_check run --smoke --out DIR               # here, CPU, quick
 
 Only the standard library is imported at module level: on the GPU host everything else comes
 from the bundle, which ``run`` unpacks first.
@@ -193,7 +193,7 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
         SystemExit: an unsupported Python, or a bundle over MAX_BUNDLE_MIB.
     """
     from bench import perf_analyzer
-    from pipelines import samples
+    from export import samples
 
     if python not in SUPPORTED_PYTHONS:
         raise SystemExit(
@@ -548,7 +548,7 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
     try:
         import torch
 
-        from pipelines import samples
+        from export import samples
 
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
         report.device, report.torch = device, torch.__version__
@@ -582,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     """``bundle`` or ``run``; exit status 1 when the run failed or served nothing."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(
-        prog="python -m bench.gpu_check",
+        prog="python -m tests.gpu_check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         # The measurement runs in the server's environment, so that the server and its stubs
         # see the same packages as this process.
-        command = [str(python), "-m", "bench.gpu_check", "run", "--prepared"]
+        command = [str(python), "-m", "tests.gpu_check", "run", "--prepared"]
         command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
         command += ["--smoke"] if args.smoke else []
         return subprocess.run(command, cwd=REPO, check=False).returncode

@@ -1,13 +1,13 @@
 """Does the in-graph tokenizer (onnxruntime-extensions) give the ids that ``tokenizers`` gives?
 
-``python -m bench.tokenizer_parity`` builds a deterministic corpus of varied texts (English
+``python -m export.tokenizer_parity`` builds a deterministic corpus of varied texts (English
 sentences from the Python standard library's docstrings, then the same with accents, upper
 case, CJK, emoji, URLs, other scripts, odd whitespace and control characters, plus very long
 texts, empty and whitespace-only strings), tokenizes every text both ways, and reports per kind
 the share of identical id sequences. Where ids differ it embeds both id sequences with the
 encoder and reports the cosine between the two vectors: how much a difference matters.
 
-Example: ``python -m bench.tokenizer_parity --count 10000 --json results/tokenizer_parity.json``
+Example: ``python -m export.tokenizer_parity --count 10000 --json results/tokenizer_parity.json``
 """
 
 from __future__ import annotations

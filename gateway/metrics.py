@@ -1,12 +1,12 @@
 """Prometheus counters of nginx's traffic shaping, read from its shaping log.
 
-nginx (rendered with ``--limits``, see ``server/nginx.py``) writes one JSON line per inference
+nginx (rendered with ``--limits``, see ``gateway/nginx.py``) writes one JSON line per inference
 request it shapes: tenant, model, protocol and ``$limit_req_status`` (``PASSED`` or
 ``REJECTED``). Open-source nginx keeps no counters of its own for ``limit_req``, so this
 exporter follows that file and serves ``gateway_requests_total`` on ``/metrics``, with the same
-name and labels as ``client.router``'s counter (``gateway="nginx"`` here).
+name and labels as ``gateway.router``'s counter (``gateway="nginx"`` here).
 
-    python -m server.gateway_metrics --log /var/log/nginx/shaping.log --port 9145
+    python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145
 
 A rotated or truncated log is followed from its start; lines are counted once.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from pipelines import shaping
+from gateway import shaping
 
 __all__ = ["ShapingLogExporter", "count_line"]
 
@@ -143,12 +143,11 @@ class ShapingLogExporter:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m server.gateway_metrics``: serve the shaping counters until interrupted."""
+    """``python -m gateway.metrics``: serve the shaping counters until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m server.gateway_metrics",
+        prog="python -m gateway.metrics",
         description="Serve nginx's traffic-shaping counts (its shaping log) to Prometheus.",
-        epilog="example: python -m server.gateway_metrics --log /var/log/nginx/shaping.log "
-        "--port 9145",
+        epilog="example: python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145",
     )
     parser.add_argument("--log", required=True, type=Path, help="nginx's shaping log")
     parser.add_argument("--host", default=os.environ.get("GATEWAY_METRICS_HOST", "0.0.0.0"))

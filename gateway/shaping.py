@@ -1,7 +1,7 @@
 """Traffic shaping at the gateway: token buckets per tenant and per model, from one TOML file.
 
 ``docker/nginx/limits.toml`` sets a rate and a capacity for every tenant and every model. nginx
-enforces it with ``limit_req`` (``server/nginx.py`` renders the zones), and ``client.router``
+enforces it with ``limit_req`` (``gateway/nginx.py`` renders the zones), and ``gateway.router``
 enforces the same file with :class:`Shaper`, so that either gateway admits the same requests.
 
 A bucket holds at most ``capacity`` tokens and gains ``rate`` tokens a second; it starts full.
@@ -44,7 +44,7 @@ __all__ = [
 
 ANONYMOUS = "anonymous"
 DEFAULT_HEADER = "X-Api-Key"
-# The Prometheus counter both gateways keep (server/gateway_metrics.py for nginx, client.router
+# The Prometheus counter both gateways keep (gateway/metrics.py for nginx, gateway.router
 # for the Python router): requests by gateway, tenant, model, protocol and outcome.
 METRIC = "gateway_requests"
 METRIC_HELP = "Inference requests seen by the gateway's traffic shaping, by outcome."

@@ -7,15 +7,15 @@ when one fails. ``Nginx`` runs Debian's nginx as the current user from a temp pr
 temp files and config there, nothing under /etc or /var), for the tests and for local use.
 
 Render a config for N containers:
-    python -m server.nginx render --http triton-0:8000 --http triton-1:8000 \
+    python -m gateway.nginx render --http triton-0:8000 --http triton-1:8000 \
         --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
         --limits docker/nginx/limits.toml > nginx.conf
 
 With ``--limits``, inference requests are shaped by token buckets per tenant and per model
-(``pipelines/shaping.py`` explains the file): a request over its tenant's or its model's rate
+(``gateway/shaping.py`` explains the file): a request over its tenant's or its model's rate
 gets HTTP 429 with ``Retry-After`` (gRPC ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata),
 and every shaped request is a JSON line in the shaping log, which
-``python -m server.gateway_metrics`` turns into Prometheus counters.
+``python -m gateway.metrics`` turns into Prometheus counters.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.shaping import ANONYMOUS, Limit, Limits, load_limits
+from gateway.shaping import ANONYMOUS, Limit, Limits, load_limits
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
 
@@ -38,7 +38,7 @@ __all__ = ["LIMITS", "SHAPING_LOG", "TEMPLATE", "Nginx", "check_config", "find_n
 
 TEMPLATE = REPO_ROOT / "docker" / "nginx" / "nginx.conf.template"
 LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
-# One JSON line per shaped request (server/gateway_metrics.py counts them), under the prefix.
+# One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
 SHAPING_LOG = "logs/shaping.log"
 # Inference over HTTP (the model is in the path) and over gRPC (it is inside the body).
 HTTP_INFER = (
@@ -222,7 +222,7 @@ def render(
         fail_timeout: how long a failed server stays out before nginx tries it again.
         user: the ``user`` directive (only meaningful when nginx starts as root).
         template: the template file.
-        limits: token buckets per tenant and model (``pipelines.shaping``); None: no shaping.
+        limits: token buckets per tenant and model (``gateway.shaping``); None: no shaping.
         shaping_log: where nginx writes a JSON line per shaped request (relative paths are
             under nginx's prefix).
 
@@ -384,11 +384,11 @@ class Nginx(ManagedProcess):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m server.nginx render``: print a config for the given servers."""
+    """``python -m gateway.nginx render``: print a config for the given servers."""
     parser = argparse.ArgumentParser(
-        prog="python -m server.nginx",
+        prog="python -m gateway.nginx",
         description="Render the nginx config that shards HTTP and gRPC over tritonservers.",
-        epilog="example: python -m server.nginx render --http triton-0:8000 --http triton-1:8000 "
+        epilog="example: python -m gateway.nginx render --http triton-0:8000 --http triton-1:8000 "
         "--grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 > nginx.conf",
     )
     sub = parser.add_subparsers(dest="command", required=True)
