@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import Version
+
 from server import gpus as gpu_info
 from server import repository
 from server.process import ManagedProcess, ServerStartError, client_host
@@ -84,18 +86,14 @@ BUNDLED_SERVER_VERSIONS = {"0.7.0": "2.51.0"}
 # 2.10, which reads numpy 2's dtype structure as numpy 1's: BYTES inputs arrive corrupt and the
 # stub aborts ("unpack_from requires a buffer of at least 3806520038 bytes"; python_backend
 # PR #384, first in r24.11 = 2.52.0).
-FIRST_SERVER_FOR_NUMPY_2 = (2, 52)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+FIRST_SERVER_FOR_NUMPY_2 = Version("2.52")
 
 
 def stub_numpy_problem(server_version: str | None, numpy_version: str) -> str | None:
     """Why a tritonserver's Python backend cannot run with this numpy (None: it can)."""
-    if server_version is None or _version_tuple(server_version) >= FIRST_SERVER_FOR_NUMPY_2:
+    if server_version is None or Version(server_version) >= FIRST_SERVER_FOR_NUMPY_2:
         return None
-    if _version_tuple(numpy_version)[0] < 2:
+    if Version(numpy_version).major < 2:
         return None
     return (
         f"numpy {numpy_version} in {sys.prefix} cannot serve Python models on tritonserver "

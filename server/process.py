@@ -17,6 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 from server import guard
 
 log = logging.getLogger(__name__)
@@ -309,32 +311,18 @@ STUB_NAME = "triton_python_backend_stub"
 
 def children(pid: int) -> list[int]:
     """Every descendant of ``pid`` (Python-backend stubs are children of tritonserver)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: the ppid follows the last ")".
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:  # gone, or not ours to read
+        return []
 
 
 def argv(pid: int) -> list[str]:
     """The process's arguments ([] if it is gone)."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
         return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def stub_model(pid: int) -> tuple[str, str] | None:
@@ -362,9 +350,8 @@ def stub_pids(server_pid: int, model: str | None = None) -> list[int]:
 
 
 def state(pid: int) -> str | None:
-    """The process's state letter from /proc (``R``, ``S``, ``Z`` for a zombie...), None if gone."""
+    """The process's status (``psutil.STATUS_ZOMBIE`` for a zombie...), None if it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
         return None
-    return stat.rsplit(")", 1)[1].split()[0]

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import psutil
+
 from server.launcher import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_HEADER_PREFIX
 from server.process import children, state, stub_model
 
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # The parameter changed on each revival; Python models read only the parameters they know.
 REVIVAL_PARAMETER = "supervisor_revival"
-ZOMBIE = "Z"
+ZOMBIE = psutil.STATUS_ZOMBIE
 
 
 def explicit_control(args: Sequence[str]) -> list[str] | None:
