@@ -363,12 +363,6 @@ class NullOpenAIServer(_PinnedHttpServer):
         cmd += ["--no-access-log", "--log-level", "warning"]
         return taskset(cmd, self.cpus)
 
-    def environment(self) -> dict[str, str]:
-        """Our environment, with this repository importable."""
-        env = super().environment()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-        return env
-
     def start(self, timeout: float = 30.0) -> NullOpenAIServer:
         """Start it in the repository and wait until it answers."""
         return super().start(timeout, cwd=REPO_ROOT)

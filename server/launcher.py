@@ -375,8 +375,8 @@ class Server(ManagedProcess):
         # would reload every step (7 loads instead of 2), and unloading several Python
         # instances at once is where 2.51 has been seen to abort.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        # One shared copy of the project's packages, however the stub's cwd is set.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        # No PYTHONPATH: the stub imports pipelines from its environment's site-packages, where
+        # it is installed (from Python 3.11 the stub ignores PYTHONPATH anyway).
         return env
 
     def prepare(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -83,14 +82,10 @@ class PeerServer(ManagedProcess):
         if self.port == 0:
             self.port = free_port(client_host(self.host))
 
-    def environment(self) -> dict[str, str]:
-        """Our environment, with this repository importable."""
-        env = super().environment()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-        return env
-
     def start(self, timeout: float = 60.0) -> PeerServer:
-        """Start the process in the repository and wait until /v2/health/ready answers 200.
+        """Start it in the repository, where ``python -m`` finds bench, and wait until ready.
+
+        Ready: /v2/health/ready answers 200.
 
         Raises:
             ServerStartError: it exited or was not ready in time; the message ends with its log.
