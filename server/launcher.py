@@ -13,6 +13,7 @@ directories), picks free ports if asked, waits for readiness and stops the serve
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import logging
@@ -263,7 +264,9 @@ class Server(ManagedProcess):
 
     def __init__(self, config: ServerConfig | None = None, log_path: Path | None = None):
         super().__init__(log_path)
-        self.config = config or ServerConfig()
+        # A copy: the ports, environment and key chosen here are this server's, and one
+        # ServerConfig may start several servers (each with free ports of its own).
+        self.config = copy.deepcopy(config) if config is not None else ServerConfig()
         self.installation = find_installation()
         self.gpus = gpu_info.discover()
         if self.config.model_config_name == "auto":
