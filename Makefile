@@ -96,6 +96,7 @@ gpu-check:
 samples: $(STAMP)
 	$(PY) -m export samples samples/
 
+# Every exported file, by the pattern .gitignore keeps them out with, so none is forgotten.
 clean:
-	rm -f $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX)
+	rm -f model_repository/*/[0-9]*/*.onnx model_repository/*/[0-9]*/*.onnx.data
 	rm -rf $(VENV)
