@@ -490,8 +490,11 @@ class Router:
                 result = self._client(shard).infer(model, inputs, outputs=outputs, **kwargs)
             except BaseException as exc:
                 if not is_retryable(exc):
-                    with self._lock:
-                        stats.answered += 1
+                    # Answered only if the server said no (the request's own error); a
+                    # KeyboardInterrupt or a client-side error never reached an answer.
+                    if isinstance(exc, InferenceServerException):
+                        with self._lock:
+                            stats.answered += 1
                     raise
                 with self._lock:
                     stats.failures += 1

@@ -211,3 +211,36 @@ def test_a_shard_that_fails_its_probe_goes_to_the_end_of_the_order():
         assert not router.is_up("shard-1")
         assert router.route_order(key) == [*walk[1:], "shard-1"]
         assert router.owner(key) == "shard-1"  # ownership does not change with health
+
+
+class _Raising:
+    """A client whose every infer raises ``exc``: what the router sees when a call ends so."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def infer(self, *args, **kwargs):
+        raise self.exc
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("exc", "answered"),
+    [
+        (InferenceServerException("input TEXT is missing", status="400"), 1),
+        (KeyboardInterrupt(), 0),
+        (ValueError("bad shape, raised before sending"), 0),
+    ],
+)
+def test_only_the_servers_own_refusal_counts_as_answered(monkeypatch, exc, answered):
+    shards = {name: closed_address() for name in SHARDS}
+    with Router(shards, "http", health_interval=None) as router:
+        monkeypatch.setattr(router, "_client", lambda shard: _Raising(exc))
+        with pytest.raises(type(exc)):
+            router.infer("user-7", "embed", inputs=[])
+        stats = router.stats()
+        first = router.ring.walk("user-7")[0]
+        assert stats[first].requests == 1 and stats[first].answered == answered
+        assert sum(s.requests for s in stats.values()) == 1  # none of these is retried
