@@ -163,3 +163,14 @@ def test_native_backends_get_libpython_preloaded_for_the_tokenizer_op(tmp_path):
     (tmp_path / "onnxruntime").rmdir()
     # Without the onnxruntime backend the server's LD_PRELOAD is the caller's, unchanged.
     assert server.environment().get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")
+
+
+def test_a_server_leaves_the_callers_config_as_it_was(monkeypatch):
+    monkeypatch.delenv(launcher.ADMIN_KEY_ENV, raising=False)
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0)
+    one, two = Server(config), Server(config)
+    assert config.model_config_name == "auto" and config.admin_key is None
+    assert one.config.model_config_name not in (None, "auto")
+    assert one.config.admin_key != two.config.admin_key  # each server its own key
+    one.config.extra_args.append("--log-info=true")
+    assert config.extra_args == []
