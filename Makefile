@@ -82,9 +82,9 @@ test: lint models tools
 perf: models
 	$(PY) -m bench perf $(PERF_ARGS)
 
-# The GPU check. With this venv: pack what a GPU host lacks into .gpu-bundle/ (about 62 MiB,
-# for the host's Python: GPU_PYTHON=3.10|3.11|3.12). On the GPU host (Python + torch with CUDA):
-# `make gpu-check`, which checks the host first and writes its results to GPU_CHECK_OUT.
+# The GPU check. With this venv: pack what a GPU host lacks into .gpu-bundle/ (its size:
+# docs/gpu.md), for the host's Python (GPU_PYTHON=3.10|3.11|3.12). On the GPU host (Python +
+# torch with CUDA): `make gpu-check`, which checks the host first and writes its results to GPU_CHECK_OUT.
 GPU_PYTHON ?= 3.12
 GPU_CHECK_OUT ?= results/gpu-check
 gpu-bundle: $(STAMP)

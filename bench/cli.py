@@ -12,7 +12,7 @@ from bench import harness, infinity, inputs, perf_analyzer, report, tune, varian
 
 EXAMPLES = """
 examples:
-  python -m bench perf                    # short run, about 11 minutes on 2 cores
+  python -m bench perf                    # short run (durations: docs/performance.md)
   python -m bench perf --full             # every model, protocol, variant and level
   python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
@@ -34,11 +34,13 @@ def add_parser(sub) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--full", action="store_true", help="run everything (tens of minutes)")
+    p.add_argument(
+        "--full", action="store_true", help="run everything (its length: docs/performance.md)"
+    )
     p.add_argument(
         "--only",
         choices=("embed-peers",),
-        help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32 (minutes)",
+        help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32",
     )
     p.add_argument(
         "--infinity-venv",

@@ -37,14 +37,15 @@ MODELS = (spec.ENSEMBLE, *variants.STEPS)
 EMBED_MODELS = inputs.EMBED_MODELS
 TEXT_MODELS = inputs.TEXT_MODELS
 EMBED = embedding.ENSEMBLE
-# The OpenAI client's ceiling (null server) at concurrency 1 only: perf_analyzer 2.51's OpenAI
-# client hung here at 16 and 32 against a server that answers in microseconds (time and count
-# windows alike) and at 8 did 14,900/s once and failed to stabilize once; at 1 it did 5,400-6,300
-# requests/s, a lower bound of its ceiling that is still over 40x what infinity-emb reached.
+# The OpenAI client's ceiling (null server) at concurrency 1 only: at higher levels perf_analyzer
+# 2.51's OpenAI client hung or did not stabilize against a server that answers in microseconds;
+# at 1 it is a lower bound of the ceiling, still far above what infinity-emb reaches (figures:
+# docs/performance.md, "Embeddings: infinity-emb beside embed and the FastAPI peer").
 OPENAI_NULL_LEVELS = [1]
 COUNT_WINDOWS = ["--measurement-mode=count_windows", "--measurement-request-count=5000"]
 # Poisson arrivals at a fixed rate: windows of at least this many requests, judged with this
-# stability, else a low rate never stabilizes (1 s windows at 18 req/s varied 11-18 here).
+# stability, else a low rate never stabilizes in short windows (docs/performance.md, "A run that
+# always completes").
 RATE_WINDOW_REQUESTS = 150
 RATE_STABILITY_PERCENT = 30.0
 # Models whose statistics each measurement records (formed batches, time in the server).
@@ -88,10 +89,10 @@ class Case:
 
 @dataclass
 class Plan:
-    """What a run measures. ``short()``: about 11 minutes on 2 cores, infinity-emb's rows included.
+    """What a run measures. ``short()``: the default run, infinity-emb's rows included.
 
-    Those add 10 load levels and one infinity-emb start (about 30 s here) per round, and its
-    installation on first use; ``full()`` is everything.
+    Those add 10 load levels and one infinity-emb start per round, and its installation on first
+    use; ``full()`` is everything. How long each takes: docs/performance.md#how-long-a-run-takes.
     """
 
     rounds: int
@@ -128,7 +129,8 @@ class Plan:
                 (spec.ENSEMBLE, "http", "binary"): [16],
                 (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
                 (spec.CLASSIFIER, "http", "binary"): [16],
-                # 150k floats of JSON per image: perf_analyzer itself tops out near 60/s here.
+                # 150k floats of JSON per image: perf_analyzer itself is the ceiling here (the
+                # null peer's row in docs/performance.md).
                 (spec.CLASSIFIER, "http", "json"): [16],
                 (spec.PREPROCESS, "grpc", "binary"): [16],
                 (spec.POSTPROCESS, "grpc", "binary"): [16],
@@ -150,7 +152,7 @@ class Plan:
                 embedding.ENSEMBLE: {"json": [1, 8, 16, 32]},
             },
             null_levels=[16],
-            # JSON is where the generator nears its ceiling; binary had > 10x headroom here.
+            # JSON is where the generator nears its ceiling, so that ceiling is the one measured.
             null_payloads=("json",),
             cache_levels=[16],
             raw_model_batches=[1, 4, 8, 16, 32],

@@ -1,8 +1,8 @@
 """A plain-PyTorch BERT encoder that loads all-MiniLM-L6-v2's safetensors strictly.
 
-~70 lines instead of importing transformers (6 s and 340 MB per process); export/ turns it, with
-the sentence pooling (``SentenceEncoder``), into the encoder's ONNX model, and tests compare that
-with this module.
+~70 lines instead of importing transformers (a heavy import in every process that loads it);
+export/ turns it, with the sentence pooling (``SentenceEncoder``), into the encoder's ONNX model,
+and tests compare that with this module.
 """
 
 from __future__ import annotations

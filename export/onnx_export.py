@@ -152,8 +152,8 @@ def fold_pads_into_convs(model: onnx.ModelProto) -> int:
 
     TF-style "SAME" padding exports as an explicit Pad (computed by a chain of constant ops)
     before each strided conv. Conv pads the same zeros itself, so the graph gets one op per conv
-    for every runtime; onnxruntime 1.32 measured the same speed either way here (217 vs 214
-    img/s, batch 1, one thread), older ones were reported to copy each padded activation.
+    for every runtime; onnxruntime 1.32 runs both at the same speed (docs/models.md#export),
+    older ones were reported to copy each padded activation.
 
     Returns:
         How many Pad nodes were removed (the model is changed in place).

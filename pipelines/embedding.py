@@ -94,7 +94,7 @@ def tokenizer():
     """The model's own tokenizer.json, truncating like sentence-transformers.
 
     The file ships with fixed padding to 128 and truncation at 128; sentence-transformers
-    truncates at 256 (at 128, long texts drift to cosine ~0.93 of the reference). Padding is
+    truncates at 256 (at 128, long texts drift from the reference: docs/models.md). Padding is
     ours to choose (``pad``), so the tokenizer does none.
     """
     from tokenizers import Tokenizer
@@ -122,8 +122,8 @@ def decode_text(data: bytes) -> str:
     return text
 
 
-# Tokenizing costs superlinear time in the text's length (here 4 ms for 10 kB, 0.8 s for 1 MB,
-# 13 s for 10 MB) and blocks the instance for every other request, while only the first 256 word
+# Tokenizing takes time that grows with the text's length (seconds for megabytes: docs/models.md,
+# "Long texts") and blocks the instance for every other request, while only the first 256 word
 # pieces (a few kB) reach the encoder: longer texts are refused, not tokenized.
 MAX_TEXT_BYTES = 256 * 1024
 

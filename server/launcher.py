@@ -138,7 +138,7 @@ class Installation:
 
 @functools.cache
 def _help_text(binary: Path) -> str:
-    # tritonserver prints its usage on stderr; one call per binary and process (about 10 ms).
+    # tritonserver prints its usage on stderr; one call per binary and process (a process start).
     done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
     return done.stdout + done.stderr
 
@@ -375,7 +375,7 @@ class Server(ManagedProcess):
             env["LD_PRELOAD"] = " ".join(p for p in (str(shared), env.get("LD_PRELOAD")) if p)
         # Stubs would write __pycache__ into the model folders as they load, and 2.51 takes a
         # model whose folder changed after its load for modified: the next load of an ensemble
-        # would reload every step (7 loads instead of 2), and unloading several Python
+        # would reload every step (docs/triton-2.51.md), and unloading several Python
         # instances at once is where 2.51 has been seen to abort.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         # No PYTHONPATH: the stub imports pipelines from its environment's site-packages, where

@@ -25,8 +25,8 @@ PADDED_TOKENS = PREFIX + "padded_tokens_total"
 TOKENS_PER_BATCH = PREFIX + "tokens_per_batch"
 TRUNCATED_TEXTS = PREFIX + "truncated_texts_total"
 
-# One decode + crop + resize on this machine's cores takes 2-20 ms; a full batch of 32 large
-# photos up to about a second.
+# From one small image's decode + crop + resize (milliseconds) to a full batch of 32 large
+# photos (seconds); measured times: docs/operations.md#custom-metrics.
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # A batch is up to 64 texts of up to 256 word pieces.
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
