@@ -5,11 +5,14 @@ request (``parse``, which refuses a bad one with ``RequestError``) and how to ru
 (``run``); ``execute`` does the rest for every ``execute(requests)`` Triton makes:
 
 * a cancelled request gets a CANCELLED response and costs nothing;
-* a bad request gets its own INVALID_ARG error, the others of the batch still run;
+* a bad request gets its own INVALID_ARG error (HTTP 400), the others of the batch still run;
 * requests whose arrays agree in their non-batch dims (``group``) run together, once;
 * if a run fails as a whole and ``isolate`` is set, each member runs alone, so only the
   culprit fails; ``run`` may also fail single members (an undecodable image) by returning an
   exception in their place;
+* a failure that is not the request's fault (the run raised, returned the wrong number of
+  results or of output rows, a response could not be built) is INTERNAL (HTTP 500) and names
+  the model: a client should not change its input for it, an operator should look;
 * one response per request, in request order.
 
 Imported only inside Triton's Python-backend stub, where ``triton_python_backend_utils`` exists
@@ -30,14 +33,24 @@ class RequestError(ValueError):
     """A request that cannot be served: its client gets this message, the batch goes on."""
 
 
+class RowCountError(RuntimeError):
+    """A run broke its contract: not one output row per input row, or one result per request.
+
+    ``np.split`` would cut a short batch into short or empty pieces without a word; PyTriton's
+    ``@batch`` and Ray Serve's batching refuse such a run the same way.
+    """
+
+
 def execute(
     requests: Sequence[pb_utils.InferenceRequest],
     parse: Callable[[pb_utils.InferenceRequest], Any],
     run: Callable[[list[Any]], list[dict | Exception]],
     *,
+    model: str,
     group: Callable[[Any], Hashable] | None = None,
     respond: Callable[[dict], pb_utils.InferenceResponse] | None = None,
     isolate: bool = False,
+    rows: Callable[[Any], int] | None = None,
 ) -> list[pb_utils.InferenceResponse]:
     """One response per request, in order, from one ``run`` per group of compatible requests.
 
@@ -45,9 +58,12 @@ def execute(
         requests: what Triton handed to ``execute``.
         parse: one request → what ``run`` takes for it; raises ``RequestError`` for a bad one.
         run: the parsed requests of one group → one outputs dict (or an exception) each.
+        model: the model's name (``initialize``'s ``args["model_name"]``), for error messages.
         group: parsed request → key; requests with equal keys run together (default: all).
-        respond: outputs dict → response (default ``respond``, numpy arrays).
+        respond: outputs dict → response (default ``respond_arrays``, numpy arrays).
         isolate: when a run raises, run each of its requests alone to fail only the culprit.
+        rows: parsed request → the rows each of its outputs must have (default: unchecked
+            here; ``concatenated`` checks the whole batch).
     """
     respond = respond or respond_arrays
     responses: list = [None] * len(requests)
@@ -58,34 +74,59 @@ def execute(
             continue
         try:
             parsed[i] = parse(request)
-        except RequestError as exc:
-            responses[i] = error(str(exc))
+        except Exception as exc:  # noqa: BLE001 - one request's failure, answered alone
+            responses[i] = _failure(model, exc)
     groups: dict[Hashable, list[int]] = {}
     for i, item in parsed.items():
         groups.setdefault(group(item) if group else None, []).append(i)
     for members in groups.values():
+        items = [parsed[i] for i in members]
         try:
-            results = run([parsed[i] for i in members])
+            results = _run(run, items)
         except Exception as exc:  # noqa: BLE001 - the whole group failed: isolate or report
             if not isolate or len(members) == 1:
                 results = [exc] * len(members)
             else:
-                results = [_alone(run, parsed[i]) for i in members]
-        for i, result in zip(members, results, strict=True):
-            if isinstance(result, RequestError):
-                responses[i] = error(str(result))
-            elif isinstance(result, Exception):
-                responses[i] = error(f"model failed: {result}")
-            else:
+                results = [_alone(run, item) for item in items]
+        for i, item, result in zip(members, items, results, strict=True):
+            if rows is not None and isinstance(result, dict):
+                result = _rows_checked(result, rows(item))
+            if isinstance(result, Exception):
+                responses[i] = _failure(model, result)
+                continue
+            try:
                 responses[i] = respond(result)
+            except Exception as exc:  # noqa: BLE001 - outputs we cannot hand over: our fault
+                responses[i] = _failure(model, exc)
     return responses
+
+
+def _run(run: Callable[[list[Any]], list], items: list[Any]) -> list:
+    results = run(items)
+    if len(results) != len(items):
+        raise RowCountError(f"run returned {len(results)} results for {len(items)} requests")
+    return results
 
 
 def _alone(run: Callable[[list[Any]], list], item: Any):
     try:
-        return run([item])[0]
+        return _run(run, [item])[0]
     except Exception as exc:  # noqa: BLE001 - this request is the culprit
         return exc
+
+
+def _rows_checked(outputs: dict, want: int) -> dict | RowCountError:
+    for name, value in outputs.items():
+        if len(value) != want:
+            return RowCountError(f"output {name} has {len(value)} rows for {want} input rows")
+    return outputs
+
+
+def _failure(model: str, exc: Exception) -> pb_utils.InferenceResponse:
+    """INVALID_ARG for the request's own fault (``RequestError``), INTERNAL for anything else."""
+    if isinstance(exc, RequestError):
+        return error(str(exc), pb_utils.TritonError.INVALID_ARG)
+    return error(f"model {model} failed: {exc}", pb_utils.TritonError.INTERNAL)
 
 
 def concatenated(
@@ -94,7 +135,9 @@ def concatenated(
     """``run`` for arrays: concatenate, call ``fn`` once, split back.
 
     Each input is concatenated along the batch axis, ``fn`` runs once on the batch, and every
-    output is split back by the requests' batch sizes (numpy arrays or torch tensors).
+    output is split back by the requests' batch sizes (numpy arrays or torch tensors). An output
+    with more or fewer rows than the batch raises ``RowCountError``: its rows cannot be told
+    apart per request.
     """
 
     def run(items: list[dict]) -> list[dict]:
@@ -103,7 +146,7 @@ def concatenated(
         batch = {
             n: concat([item[n] for item in items]) if len(items) > 1 else items[0][n] for n in names
         }
-        parts = {n: split_rows(v, sizes) for n, v in fn(batch).items()}
+        parts = {n: split_rows(v, sizes, n) for n, v in fn(batch).items()}
         return [{n: p[k] for n, p in parts.items()} for k in range(len(items))]
 
     return run
@@ -144,9 +187,13 @@ def parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
 
 
-def error(message: str, code: int | None = None) -> pb_utils.InferenceResponse:
-    """A response that fails this request only, with a message naming the problem."""
-    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+def error(message: str, code) -> pb_utils.InferenceResponse:
+    """A response that fails this request only, with a message naming the problem.
+
+    Args:
+        message: what the client reads.
+        code: a ``pb_utils.TritonError`` code, always given: the stub's default is INTERNAL.
+    """
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
@@ -167,8 +214,14 @@ def input_array(request: pb_utils.InferenceRequest, name: str) -> np.ndarray | N
     return None if tensor is None else tensor.as_numpy()
 
 
-def split_rows(batch, sizes: Sequence[int]) -> list:
-    """Cut a concatenated batch (numpy array or torch tensor) into per-request views."""
+def split_rows(batch, sizes: Sequence[int], name: str = "batch") -> list:
+    """Cut a concatenated batch (numpy array or torch tensor) into per-request views.
+
+    Raises:
+        RowCountError: ``batch`` has not ``sum(sizes)`` rows (``name`` says which output).
+    """
+    if len(batch) != sum(sizes):
+        raise RowCountError(f"output {name} has {len(batch)} rows for {sum(sizes)} input rows")
     if isinstance(batch, np.ndarray):
         return np.split(batch, np.cumsum(sizes)[:-1])
     return list(batch.split(list(sizes)))

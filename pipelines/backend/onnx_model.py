@@ -28,6 +28,7 @@ class OnnxRuntimeModel:
 
     def initialize(self, args):
         """Open the session with the thread budget the config gives this instance."""
+        self.name = args["model_name"]
         config = json.loads(args["model_config"])
         params = bk.parameters(args)
         self.inputs = [t["name"] for t in config["input"]]
@@ -54,6 +55,7 @@ class OnnxRuntimeModel:
             requests,
             lambda r: bk.inputs(r, self.inputs, self.read),
             self.run,
+            model=self.name,
             group=bk.shapes,
             isolate=True,
         )

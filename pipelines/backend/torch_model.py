@@ -22,6 +22,7 @@ class TorchClassifier:
 
     def initialize(self, args):
         """Load the pinned weights (sha256-checked) onto this instance's device and warm up."""
+        self.name = args["model_name"]
         params = bk.parameters(args)
         self.device = bk.instance_device(args)
         self.dtype = torch.float16 if self.device != "cpu" else torch.float32
@@ -45,6 +46,7 @@ class TorchClassifier:
             requests,
             lambda r: bk.inputs(r, [spec.PIXELS], self._read),
             self.run,
+            model=self.name,
             isolate=True,
             respond=bk.respond_tensors,
         )

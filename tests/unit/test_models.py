@@ -2,7 +2,9 @@
 
 One mixed batch per model: good requests of different sizes and shapes, a bad input in one
 request, a cancelled request and an empty one. Each request gets its own response, in order;
-the bad and cancelled ones fail alone; the good ones equal the plain functions' results.
+the bad and cancelled ones fail alone; the good ones equal the plain functions' results. Where
+a test says "once", it counts the calls of the function doing the work and the batch each saw:
+equal outputs alone would also come from running every request by itself.
 """
 
 from __future__ import annotations
@@ -16,10 +18,39 @@ import triton_python_backend_utils as pb_utils
 from export import model_config, samples
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from pipelines import image
+from pipelines import image, onnx_runner
 from server.launcher import MODEL_REPOSITORY
 
 INVALID, CANCELLED = pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.CANCELLED
+INTERNAL = pb_utils.TritonError.INTERNAL
+
+
+class Calls:
+    """Wraps ``fn``: counts its calls and records the batch size each call saw (``sizes``)."""
+
+    def __init__(self, fn, size):
+        self.fn, self.size, self.sizes = fn, size, []
+
+    def __call__(self, *args, **kwargs):
+        self.sizes.append(self.size(*args, **kwargs))
+        return self.fn(*args, **kwargs)
+
+
+def counted(monkeypatch, owner, name: str, size) -> Calls:
+    """Replace ``owner.name`` with a counting wrapper for this test."""
+    calls = Calls(getattr(owner, name), size)
+    monkeypatch.setattr(owner, name, calls)
+    return calls
+
+
+def onnx_runs(monkeypatch) -> Calls:
+    """Every onnxruntime run of a Python-backend ONNX model: (rows, non-batch dims) of its feed."""
+
+    def size(session, feeds, outputs):
+        first = next(iter(feeds.values()))
+        return len(first), tuple(first.shape[1:])
+
+    return counted(monkeypatch, onnx_runner, "run", size)
 
 
 def load(name: str, version: str = "1", config_name: str = "local"):
@@ -66,8 +97,9 @@ def images(*names: str) -> np.ndarray:
     return np.array([samples.photo_bytes(n) for n in names], dtype=np.object_).reshape(-1, 1)
 
 
-def test_preprocess_decodes_the_batch_once_and_fails_only_the_bad_request():
+def test_preprocess_decodes_the_batch_once_and_fails_only_the_bad_request(monkeypatch):
     model = load(cspec.PREPROCESS)
+    decodes = counted(monkeypatch, model, "_pixels", len)
     empty = np.zeros((0, 1), dtype=np.object_)
     responses = model.execute(
         [
@@ -79,6 +111,8 @@ def test_preprocess_decodes_the_batch_once_and_fails_only_the_bad_request():
         ]
     )
     assert len(responses) == 5
+    # One decode pass over every image of the live requests, the undecodable one included.
+    assert decodes.sizes == [4]
     reference, _ = image.preprocess_batch(
         [samples.photo_bytes(n) for n in ("chelsea", "coffee", "astronaut")]
     )
@@ -91,8 +125,9 @@ def test_preprocess_decodes_the_batch_once_and_fails_only_the_bad_request():
     assert model.metrics.series["images"].value == 4
 
 
-def test_postprocess_runs_top_k_once_with_each_requests_own_k():
+def test_postprocess_runs_top_k_once_with_each_requests_own_k(monkeypatch):
     model = load(cspec.POSTPROCESS)
+    top_k = counted(monkeypatch, cspec, "top_k", lambda logits, k: (len(logits), k))
     rng = np.random.default_rng(0)
     logits = [rng.normal(size=(n, cspec.NUM_CLASSES)).astype(np.float32) for n in (1, 2, 1, 1)]
     k = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
@@ -105,6 +140,8 @@ def test_postprocess_runs_top_k_once_with_each_requests_own_k():
             request(LOGITS=np.zeros((0, cspec.NUM_CLASSES), np.float32), TOP_K=k(3)),
         ]
     )
+    # One top-k over both live requests' 3 rows, with the larger of their k.
+    assert top_k.sizes == [(3, max(1, model.default_k))]
     ids, _ = cspec.top_k(logits[0], 1)
     np.testing.assert_array_equal(output(responses[0], cspec.CLASS_IDS), ids)
     assert output(responses[1], cspec.CLASS_IDS).shape == (2, model.default_k)
@@ -122,8 +159,9 @@ def texts(*items) -> np.ndarray:
     )
 
 
-def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text():
+def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text(monkeypatch):
     model = load(espec.TOKENIZE)
+    encodes = counted(monkeypatch, espec, "encode", len)
     short, long_ = "A man is eating food.", "word " * 40
     responses = model.execute(
         [
@@ -134,6 +172,7 @@ def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text():
             request(cancelled=True, TEXT=texts(short)),
         ]
     )
+    assert encodes.sizes == [3]  # one tokenizer call for the 3 texts of the 2 good requests
     ids, mask = espec.tokenize([short])
     np.testing.assert_array_equal(output(responses[0], espec.INPUT_IDS), ids)
     np.testing.assert_array_equal(output(responses[0], espec.ATTENTION_MASK), mask)
@@ -150,11 +189,14 @@ def classifier(classifier_onnx):
     return load(cspec.CLASSIFIER)
 
 
-def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(classifier):
+def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(
+    classifier, monkeypatch
+):
     from bench.reference import ReferenceClassifier
 
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
     wrong = np.zeros((1, 3, 224, 200), np.float32)  # its own shape group, which cannot run
+    runs = onnx_runs(monkeypatch)
     responses = classifier.execute(
         [
             request(PIXELS=pixels[:1]),
@@ -163,20 +205,26 @@ def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(cl
             request(PIXELS=pixels),
         ]
     )
+    # One run for the 3 good rows, one (failing) for the odd shape; nothing for the cancelled.
+    assert runs.sizes == [(3, (3, 224, 224)), (1, (3, 224, 200))]
     reference = ReferenceClassifier(MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx")
     want = reference.logits(pixels)
     np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-4)
-    assert failed(responses[1], INVALID, "model failed")
+    # The model failed, not the request's encoding: INTERNAL, with the model's name.
+    assert failed(responses[1], INTERNAL, f"model {cspec.CLASSIFIER} failed")
     assert failed(responses[2], CANCELLED, "cancelled")
     np.testing.assert_allclose(output(responses[3], cspec.LOGITS), want, atol=1e-4)
 
 
-def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(encoder_onnx):
+def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(
+    encoder_onnx, monkeypatch
+):
     model = load(espec.ENCODER)
     texts = ["A man is eating food.", "A man rides a horse."]
     ids16, mask16 = espec.tokenize(texts)
     ids32, mask32 = espec.pad(espec.encode(texts[:1])[0], length=32)
     ids_long, mask_long = espec.tokenize(["word " * 40])
+    runs = onnx_runs(monkeypatch)
     responses = model.execute(
         [
             request(INPUT_IDS=ids16[:1], ATTENTION_MASK=mask16[:1]),
@@ -185,6 +233,8 @@ def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(encod
             request(INPUT_IDS=ids32, ATTENTION_MASK=mask32),
         ]
     )
+    # One run per sequence length, in the order each length first came.
+    assert runs.sizes == [(2, (16,)), (1, ids_long.shape[1:]), (1, (32,))]
     together = model.run([{espec.INPUT_IDS: ids16, espec.ATTENTION_MASK: mask16}])[0]
     first, second = output(responses[0], espec.EMBEDDING), output(responses[2], espec.EMBEDDING)
     np.testing.assert_allclose(first, together[espec.EMBEDDING][:1], atol=1e-5)
@@ -195,9 +245,12 @@ def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(encod
     np.testing.assert_allclose(output(responses[3], espec.EMBEDDING), first, atol=1e-5)
 
 
-def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(encoder_onnx):
+def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(
+    encoder_onnx, monkeypatch
+):
     model = load(espec.GRAPH_ENSEMBLE)
     short, long_ = "A man is eating food.", "Ünïcödé, accents and emoji 🚀 " * 30
+    runs = onnx_runs(monkeypatch)
     responses = model.execute(
         [
             request(TEXT=texts(short)),
@@ -207,6 +260,7 @@ def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(en
             request(cancelled=True, TEXT=texts(short)),
         ]
     )
+    assert runs.sizes == [(3, (1,))]  # one run for the 3 texts of the 2 good requests
     from export.minilm import onnx_embeddings
 
     want = onnx_embeddings(encoder_onnx[0], [short, long_])
@@ -217,24 +271,33 @@ def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(en
     assert failed(responses[4], CANCELLED, "cancelled")
 
 
-def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it():
+def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(monkeypatch):
     """The gpu-local runner (PyTorch), here on a CPU instance; tensors leave through DLPack."""
     from bench.reference import ReferenceClassifier
 
     model = load(cspec.CLASSIFIER, config_name="gpu-local")
+    passes = counted(monkeypatch, model.runner, "model", len)
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
-    responses = model.execute(
-        [
-            request(PIXELS=pixels[:1]),
-            request(PIXELS=np.zeros((1, 4, 224, 224), np.float32)),  # 4 channels: the pass fails
-            request(cancelled=True, PIXELS=pixels[1:]),
-            request(PIXELS=pixels),
-        ]
-    )
     want = ReferenceClassifier(MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx").logits(
         pixels
     )
+    good = [
+        request(PIXELS=pixels[:1]),
+        request(cancelled=True, PIXELS=pixels[1:]),
+        request(PIXELS=pixels),
+    ]
+    responses = model.execute(good)
+    assert passes.sizes == [3]  # one forward pass for the 3 rows of the 2 live requests
     np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-3)
-    assert failed(responses[1], INVALID, "model failed")
-    assert failed(responses[2], CANCELLED, "cancelled")
-    np.testing.assert_allclose(output(responses[3], cspec.LOGITS), want, atol=1e-3)
+    assert failed(responses[1], CANCELLED, "cancelled")
+    np.testing.assert_allclose(output(responses[2], cspec.LOGITS), want, atol=1e-3)
+
+    passes.sizes.clear()
+    broken = request(PIXELS=np.zeros((1, 4, 224, 224), np.float32))  # 4 channels: cannot run
+    responses = model.execute([good[0], broken, good[2]])
+    # The batch cannot even be concatenated, so each request runs alone: the 4-channel one
+    # fails inside the network, the others succeed.
+    assert passes.sizes == [1, 1, 2]
+    np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-3)
+    assert failed(responses[1], INTERNAL, f"model {cspec.CLASSIFIER} failed")
+    np.testing.assert_allclose(output(responses[2], cspec.LOGITS), want, atol=1e-3)

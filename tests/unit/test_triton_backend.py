@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
+import triton_python_backend_utils as pb_utils
 
 from pipelines.backend import batching as tb
+
+KDL_CUDA = 2  # dlpack.h DLDeviceType
+
+
+class OnGpu:
+    """A DLPack producer whose ``__dlpack_device__`` says GPU 0, over CPU memory (no GPU here).
+
+    The stand-in pb_utils then holds it as the stub holds a GPU input: ``is_cpu()`` is False and
+    ``as_numpy()`` refuses, so only the DLPack path can read it.
+    """
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self.tensor.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (KDL_CUDA, 0)
 
 
 def test_torch_outputs_are_handed_over_as_tensors_not_capsules():
@@ -30,3 +52,26 @@ def test_a_cpu_instance_touches_no_gpu(monkeypatch):
     assert (
         tb.instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) == "cpu"
     )
+
+
+def test_an_input_held_on_the_gpu_is_read_through_dlpack_without_a_copy():
+    data = torch.arange(6.0).reshape(2, 3)
+    held = pb_utils.Tensor.from_dlpack("PIXELS", OnGpu(data))
+    assert not held.is_cpu()
+    with pytest.raises(pb_utils.TritonModelException, match="stored in GPU"):
+        held.as_numpy()
+    got = tb.input_tensor(pb_utils.InferenceRequest([held]), "PIXELS", "cpu")
+    assert got.data_ptr() == data.data_ptr()  # DLPack hands over the same memory
+    assert torch.equal(got, data)
+
+
+def test_an_input_in_cpu_memory_is_read_as_numpy_and_a_missing_one_is_none():
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    request = pb_utils.InferenceRequest([pb_utils.Tensor("PIXELS", array)])
+    got = tb.input_tensor(request, "PIXELS", "cpu")
+    assert (
+        got.data_ptr()
+        == pb_utils.get_input_tensor_by_name(request, "PIXELS").as_numpy().ctypes.data
+    )
+    assert got.tolist() == array.tolist()
+    assert tb.input_tensor(request, "MISSING", "cpu") is None

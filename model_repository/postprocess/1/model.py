@@ -11,6 +11,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Read the default k; load the label table before the first request."""
+        self.name = args["model_name"]
         self.default_k = int(bk.parameters(args).get("top_k", spec.DEFAULT_TOP_K))
         spec.label_names(np.zeros(1, dtype=np.int32))
 
@@ -36,7 +37,10 @@ class TritonPythonModel:
         sizes = [len(x) for x in logits]
         outputs = []
         for (_, k), part_ids, part_scores in zip(
-            items, bk.split_rows(ids, sizes), bk.split_rows(scores, sizes), strict=True
+            items,
+            bk.split_rows(ids, sizes, spec.CLASS_IDS),
+            bk.split_rows(scores, sizes, spec.SCORES),
+            strict=True,
         ):
             # Rows are sorted, so the first k of the largest k are this request's top k.
             request_ids = part_ids[:, :k]
@@ -51,4 +55,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """One response per request, in order; a bad TOP_K fails only its request."""
-        return bk.execute(requests, self._parse, self._run)
+        return bk.execute(
+            requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
+        )

@@ -17,6 +17,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Note this instance's device; create its metrics."""
+        self.name = args["model_name"]
         self.device = bk.instance_device(args)
         self.metrics = metrics.PreprocessMetrics(args)
         self.respond = bk.respond_arrays if self.device == "cpu" else bk.respond_tensors
@@ -59,4 +60,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """One response per request, in order."""
-        return bk.execute(requests, self._parse, self._run, respond=self.respond)
+        return bk.execute(
+            requests, self._parse, self._run, model=self.name, respond=self.respond, rows=len
+        )

@@ -10,6 +10,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Load the tokenizer before the first request; create this instance's metrics."""
+        self.name = args["model_name"]
         spec.tokenizer()
         self.metrics = metrics.TokenizeMetrics(args)
 
@@ -38,4 +39,4 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """One response per request, in order."""
-        return bk.execute(requests, self._parse, self._run)
+        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len)
