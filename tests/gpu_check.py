@@ -61,7 +61,7 @@ SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12")
 # Wheels that tritonclient.grpc imports and the GPU host lacks, and the numpy the 2.51 stub
 # can read. Platforms up to manylinux_2_35, the nvidia-pytriton wheel's own tag.
 EXTRA_WHEELS = ("grpcio", "python-rapidjson", "packaging", "numpy")
-# Parts of numpy a server never imports (tests, f2py, type stubs): about 30 MB unpacked.
+# Parts of numpy a server never imports (tests, f2py, type stubs): left out of the bundle.
 NUMPY_UNUSED = ("numpy/*/tests", "numpy/tests", "numpy/f2py", "numpy/distutils", "numpy/**/*.pyi")
 OVERLAY_PTH = "gpu-check.pth"
 STUB = "triton_python_backend_stub"
@@ -548,8 +548,11 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
     try:
         import torch
 
-        from export import samples
+        from export import model_config, samples
+        from server.launcher import MODEL_REPOSITORY
 
+        # configs/ is rendered from variants/ and not committed: a fresh checkout has none.
+        model_config.render_repository(MODEL_REPOSITORY)
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
         report.device, report.torch = device, torch.__version__
         if device != "cpu":

@@ -43,8 +43,9 @@ def prometheus_tool(name: str) -> str:
 # tritonserver 2.51 sometimes aborts when a Python-backend stub is SIGKILLed under load: a
 # python_backend thread gets boost::interprocess::lock_exception (the stub died holding the lock
 # of a shared-memory queue it shares with the server), nothing catches it, and the whole server
-# terminates (2 of 21 kills measured). Tests that kill stubs raise TritonAbortError in that case
-# only, and are marked to be rerun for it: @pytest.mark.flaky(reruns=2, only_rerun=[...]).
+# terminates (how often: docs/operations.md#the-stub-supervisor). Tests that kill stubs raise
+# TritonAbortError in that case only, and are marked to be rerun for it:
+# @pytest.mark.flaky(reruns=2, only_rerun=[...]).
 KNOWN_ABORT = "boost::interprocess::lock_exception"
 RERUN_KNOWN_ABORT = {"reruns": 2, "only_rerun": ["TritonAbortError"]}
 

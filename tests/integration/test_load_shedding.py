@@ -43,22 +43,20 @@ def test_at_4x_capacity_every_request_is_answered_excess_refused_fast_goodput_he
     assert report["offered"] >= 3.5 * report["capacity"]  # really overloaded
     assert report["sent"] == report["answered"] and report["hung"] == 0
     assert set(report["errors"]) <= {"queue-full", "queue-timeout"}
-    # Goodput: the server keeps doing useful work near its capacity. Measured: classify
-    # 0.93-1.27x in 30 runs of 5 s, 0.75x once in CI, 1.17-1.31x with one core kept busy;
-    # embed 1.5-1.8x, its batches fill better than at the concurrency of 4 that measures
-    # capacity. What this guards against: with one instance per shedding step the same small
-    # queue collapsed classify to 17-36 req/s (0.17-0.36x) on 2.51 (preprocess/configs/local-shed).
+    # Goodput: the server keeps doing useful work near its capacity. What this guards against:
+    # with one instance per shedding step the same small queue collapses classify to a fraction
+    # of its capacity on 2.51. Both measured, busy machine included:
+    # docs/operations.md#load-shedding.
     admitted_per_s = report["ok"] / report["seconds"]
     assert admitted_per_s >= 0.6 * report["capacity"], (admitted_per_s, report["capacity"])
     assert report["ok_ms"]["p99"] <= report["slo_ms"]
     # The excess is refused at once, at the entrance, before the costly work is spent on it;
-    # queue timeouts further on are a backstop. Measured: queue-full 94.5-100 % of rejections
-    # (88-93 % for classify with the server's core shared with a busy loop); without the
-    # queue-size limit every rejection is a timeout after a second (0 %).
+    # queue timeouts further on are a backstop. Without the queue-size limit every rejection is
+    # a timeout after a second (0 % queue-full); the shares seen: docs/operations.md.
     rejected = sum(report["errors"].values())
     assert report["errors"].get("queue-full", 0) >= 0.75 * rejected > 0
-    # Fast: measured p99 5.6-38 ms, busy core included, against an SLO of 2.5 s; a timeout
-    # rejection takes at least 1 s (0.4 of it).
+    # Fast: a queue-full rejection is answered at the entrance, a timeout rejection takes at
+    # least 1 s (0.4 of the SLO); the p99s seen: docs/operations.md.
     assert report["rejection_ms"]["queue-full"]["p99"] <= 0.1 * report["slo_ms"]
     # Every rejection, backstop included, came back within the SLO plus 1 s.
     bound_ms = report["slo_ms"] + 1000
