@@ -6,9 +6,10 @@ outcome, a request with no answer within the client timeout fails the test as hu
 what Triton 2.51 was measured to do here:
 
 * a SIGKILLed stub is **not** restarted: its instance fails every request with "Stub process
-  '<instance>' is not healthy." (about 1-2 s each, never hung) while the server and the model
-  still report ready; ``load_model`` with an unchanged config is a no-op; ``load_model`` with a
-  changed config starts a new stub and requests succeed again;
+  '<instance>' is not healthy." (never hung; docs/operations.md, "Faults", has the timings)
+  while the server and the model still report ready; ``load_model`` with an unchanged config
+  is a no-op; ``load_model`` with a changed config starts a new stub and requests succeed
+  again;
 * a new version of ``tokenize`` loaded under load (explicit model control) replaces the old one
   without a failed request;
 * a mixed soak (classify + embed, 5% bad inputs) answers every request and keeps the server's
@@ -90,11 +91,36 @@ def embed_sender(server: Server, clients: int) -> Callable[[int], None]:
     return call
 
 
+def server_log_size(server: Server) -> int:
+    """Bytes of the server's log so far: a mark to read what it logged after it."""
+    return server.log_path.stat().st_size
+
+
+def logged_between(server: Server, start: int, end: int) -> str:
+    """What the server logged between two ``server_log_size`` marks."""
+    with server.log_path.open("rb") as log_file:
+        log_file.seek(start)
+        return log_file.read(end - start).decode(errors="replace")
+
+
 def warm_up(call: Callable[[int], None], clients: int, requests: int = 3) -> None:
     """A few sequential requests per client: first calls load lazily and would skew timings."""
     for worker in range(clients):
         for _ in range(requests):
             call(worker)
+
+
+def poll_times(watcher: StubSupervisor) -> list[float]:
+    """When each of ``watcher``'s polls began (monotonic s), from now on."""
+    began: list[float] = []
+    poll = watcher.poll
+
+    def noted() -> list:
+        began.append(time.monotonic())
+        return poll()
+
+    watcher.poll = noted
+    return began
 
 
 def answered_at(outcome: load.Outcome) -> float:
@@ -130,6 +156,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
                 }
                 # The obvious operator fix: load the model again. With an unchanged config 2.51
                 # treats it as already loaded.
+                log_at_plain_load = server_log_size(server)
                 marks["plain load"] = time.monotonic()
                 admin.load_model(espec.TOKENIZE, headers=headers)
                 plain_load_s = time.monotonic() - marks["plain load"]
@@ -138,9 +165,11 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
                 # What does reload it: a config that differs (a parameter the model ignores).
                 config = admin.get_model_config(espec.TOKENIZE, as_json=True)["config"]
                 config.setdefault("parameters", {})["reload_token"] = {"string_value": str(victim)}
+                log_at_reload = server_log_size(server)
                 marks["reload"] = time.monotonic()
                 admin.load_model(espec.TOKENIZE, config=json.dumps(config), headers=headers)
                 marks["reloaded"] = time.monotonic()
+                log_after_reload = server_log_size(server)
                 new_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
                 time.sleep(6.0)  # recovered: the last 3 s of this must be failure-free
             finally:
@@ -162,6 +191,10 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
     outcomes = loop.outcomes
     failures = [o for o in outcomes if o.error is not None]
     kill, reload, reloaded = marks["kill"], marks["reload"], marks["reloaded"]
+    # Triton logs "loading: <model>:<version>" each time it starts loading a model.
+    loading = f'"loading: {espec.TOKENIZE}:'
+    plain_load_log = logged_between(server, log_at_plain_load, log_at_reload)
+    reload_log = logged_between(server, log_at_reload, log_after_reload)
     not_healthy = (
         f"in ensemble '{espec.ENSEMBLE}', Stub process '{espec.TOKENIZE}_0_0' is not healthy."
     )
@@ -212,12 +245,17 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
     assert failures and {o.error for o in failures} <= {not_healthy, queue_timeout}, tally.errors
     assert any(o.error == not_healthy for o in failures)
     assert max(o.latency_s for o in failures) < 5.0, tally.error_ms
+    # A load_model with an unchanged config is a no-op: Triton does not start loading the
+    # model (the forced reload, the control, does), and the call returns in a small part of
+    # the time a real reload of the same model takes on the same machine at the same moment.
+    assert loading in reload_log, reload_log
+    assert loading not in plain_load_log, plain_load_log
+    assert plain_load_s < 0.25 * (reloaded - reload), (plain_load_s, reloaded - reload)
     # Triton 2.51 does not restart a dead stub, and its health endpoints do not see it.
     assert stubs_after_wait == [] and stubs_after_plain_load == []
     assert all(ready_while_dead.values()), ready_while_dead
-    assert plain_load_s < 1.0  # a no-op, not a reload
     assert len(dead) >= CONCURRENCY and not any(o.ok for o in dead)
-    # Each failure took at least the 0.5 s queue timeout or the ~1 s health wait, so the
+    # Each failure took at least the 0.5 s queue timeout or the stub's health wait, so the
     # failures are bounded by the threads' pace over the dead window (not a fast error storm).
     assert len(failures) <= 2 * CONCURRENCY * (reloaded - kill + 3.0)
     # A changed config brings a fresh stub and the service back.
@@ -242,7 +280,9 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
         with known_abort_raised(server_output(server)):
             call = embed_sender(server, CONCURRENCY)
             warm_up(call, CONCURRENCY)
-            with StubSupervisor.of(server, interval_s=0.5) as watcher:
+            watcher = StubSupervisor.of(server, interval_s=0.5)
+            polls = poll_times(watcher)
+            with watcher:
                 (victim,) = process.stub_pids(server.process.pid, espec.TOKENIZE)
                 loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
                 try:
@@ -262,42 +302,59 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
     outcomes = loop.outcomes
     failures = [o for o in outcomes if o.error is not None]
     last_failure = max((answered_at(o) for o in failures), default=kill)
-    settled = [o for o in outcomes if o.sent_at > last_failure]
     revival = watcher.revivals[0] if watcher.revivals else None
+    # The polls from the kill to the one that confirmed the death.
+    polls_to_notice = sum(kill < t <= revival.noticed_at for t in polls) if revival else 0
+    # Requests sent once the reload had returned: the new instance serves all of them.
+    reloaded = revival.noticed_at + revival.reload_s if revival else loop.stopped
+    settled = [o for o in outcomes if o.sent_at > reloaded]
     log.warning(
         "supervised stub kill: %d requests sent, %d answered, %d ok, %d failed %s; death noticed "
-        "after %.2f s, reload took %.2f s (%s); kill to last failure %.2f s; %d requests after "
-        "it, all ok: %s; tokenize stubs %s -> %s",
+        "after %.2f s (poll %d after the kill), reload took %.2f s (%s); kill to last failure "
+        "%.2f s; %d requests sent after the reload in %.2f s, all ok: %s; tokenize stubs %s -> %s",
         tally.sent,
         tally.answered,
         tally.ok,
         len(failures),
         tally.errors,
         (revival.noticed_at - kill) if revival else float("nan"),
+        polls_to_notice,
         revival.reload_s if revival else float("nan"),
         revival.error if revival else "no revival",
         last_failure - kill,
         len(settled),
+        loop.stopped - reloaded,
         all(o.ok for o in settled),
         [victim],
         new_stubs,
     )
     assert tally.hung == 0 and tally.sent == tally.answered == len(outcomes) > 0
-    # One death, noticed within two polls (plus scheduling), one reload that worked.
+    # One death, one reload that worked.
     assert [(r.model, r.dead_pid, r.error) for r in watcher.revivals] == [
         (espec.TOKENIZE, victim, None)
     ]
-    assert revival.noticed_at - kill < 2.0 and revival.reload_s < 30.0
+    # Confirmed by the second poll that sees the zombie: the second poll after the kill, or
+    # the third if the first began before the killed stub had turned into a zombie. Counted
+    # in polls, not seconds, so a slow machine that spaces the polls out changes nothing.
+    assert 1 <= polls_to_notice <= 3, (polls_to_notice, [round(t - kill, 2) for t in polls])
+    # A reload starts one Python stub (docs/operations.md has the time it takes); a reload
+    # stuck in the server runs into the supervisor's 300 s client timeout instead. The client
+    # timeout of the load is a bound a half-speed, busy machine stays far below.
+    assert revival.reload_s < CLIENT_TIMEOUT_S
     assert len(new_stubs) == 1 and new_stubs[0] != victim
-    # The failures are the dead instance's clear message, all before it was replaced, and few
-    # (measured: 4-6 of about 2,000, the last 3-4 s after the kill).
+    # The failures are the dead instance's clear message, all before it was replaced.
     not_healthy = (
         f"in ensemble '{espec.ENSEMBLE}', Stub process '{espec.TOKENIZE}_0_0' is not healthy."
     )
     assert {o.error for o in failures} <= {not_healthy}, tally.errors
     assert all(answered_at(o) > kill for o in failures)
     assert last_failure - kill < revival.noticed_at - kill + revival.reload_s + 5.0
-    assert len(settled) > 50 and all(o.ok for o in settled)
+    # Every request sent after the reload returned succeeded. The load ran on for seconds
+    # after it (the sleep above), longer than any request took, so each closed-loop thread
+    # sent at least one request in that window: at least CONCURRENCY of them.
+    assert loop.stopped - reloaded > max(o.latency_s for o in outcomes)
+    assert len(settled) >= CONCURRENCY, len(settled)
+    assert all(o.ok for o in settled), sorted({o.error for o in settled if o.error})
     assert answered_at(max(outcomes, key=answered_at)) - last_failure > 2.0
 
 

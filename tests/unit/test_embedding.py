@@ -117,6 +117,14 @@ def test_parity_check_fails_for_a_different_network(model, encoder_onnx):
 def test_buckets_make_the_encoder_faster_on_mixed_traffic(encoder_onnx):
     from bench.raw import padding_effect
 
-    effect = padding_effect(encoder_onnx[0], threads=1, seconds=0.2)
-    # 11x fewer token positions: even a noisy machine shows at least a 2x gain.
-    assert effect["texts_per_s_bucketed"] > 2 * effect["texts_per_s_pad_to_longest"]
+    # The INT8 encoder: the same network and shapes at a fraction of the time per pass.
+    effect = padding_effect(encoder_onnx[1], threads=1, seconds=0.0, rounds=2)
+    # Buckets feed the encoder several times fewer token positions (deterministic: the sample
+    # texts' lengths); padded to the longest, it gets what padding_cost counts for that design.
+    assert effect["positions_pad_to_longest"] == effect["longest"]
+    assert effect["positions_pad_to_longest"] > 4 * effect["positions_bucketed"], effect
+    # Time follows. The best of interleaved passes of each design: a busy machine slows a
+    # pass, never speeds it up. Without buckets both designs run the same shapes (about 1x);
+    # with them the gain is far above 2x (docs/models.md), which a noisy machine keeps.
+    speedup = effect["texts_per_s_bucketed"] / effect["texts_per_s_pad_to_longest"]
+    assert speedup > 2, effect

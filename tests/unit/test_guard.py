@@ -119,12 +119,22 @@ def test_a_clean_stop_releases_the_guard_and_leaves_nothing(region):
 
 
 def test_a_server_that_dies_has_its_orphans_swept_at_once(region):
-    server = StandIn(str(region)).start(timeout=30)
+    server = StandIn(str(region))
+    # A long grace, so that "at once" and "after the grace" are far apart: a sweep at once
+    # comes within a poll or two of the guard (guard.POLL_S), a guard that gave the dead
+    # leader the grace first (as it does when the owner dies) comes after guard_grace_s.
+    server.guard_grace_s = 40 * guard.POLL_S
+    server.start(timeout=30)
     child = server.wait_for_child()
     # The leader dies and nobody reaps it: the orphan would keep its sockets and run on.
     os.kill(server.process.pid, signal.SIGKILL)
-    took = wait_until(lambda: not guard.running(child) and not region.exists(), timeout=5)
-    assert took < 2.0
+    took = wait_until(
+        lambda: not guard.running(child) and not region.exists(),
+        timeout=server.guard_grace_s + 5,
+    )
+    # Half the grace is 20 polls: room for a slow, busy machine, and less than a guard that
+    # waited the grace would take.
+    assert took < server.guard_grace_s / 2, took
     server.stop()
 
 
