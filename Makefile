@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models venv clean samples perf tools gpu-bundle gpu-check imports
+.PHONY: serve test lint format models configs venv clean samples perf tools gpu-bundle gpu-check imports
 
 venv: $(STAMP)
 
@@ -46,8 +46,20 @@ $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX): $(ENCODER_ONNX)
 $(EMBED_GRAPH_ONNX): $(ENCODER_ONNX) export/text_graph.py
 	$(PY) -m export embed-graph --encoder $(ENCODER_ONNX) --output $@
 
+# What Triton reads for --model-config-name=<name>: configs/<name>.pbtxt, rendered from the
+# overlay configs/<name>.overlay.pbtxt over its bases (export/model_config.py says how). The configs/
+# folders are prerequisites too, so adding or removing an overlay renders again.
+VARIANT_OVERLAYS := $(wildcard model_repository/*/configs/*.overlay.pbtxt)
+RENDERED_CONFIGS := $(VARIANT_OVERLAYS:.overlay.pbtxt=.pbtxt)
+$(RENDERED_CONFIGS) &: $(VARIANT_OVERLAYS) $(wildcard model_repository/*/configs) \
+		$(wildcard model_repository/*/config.pbtxt) export/model_config.py $(STAMP)
+	$(PY) -m export configs
+	@touch $(RENDERED_CONFIGS)
+
+configs: $(RENDERED_CONFIGS)
+
 models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX) \
-		$(EMBED_GRAPH_ONNX)
+		$(EMBED_GRAPH_ONNX) configs
 
 # SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000".
 serve: models
@@ -99,4 +111,5 @@ samples: $(STAMP)
 # Every exported file, by the pattern .gitignore keeps them out with, so none is forgotten.
 clean:
 	rm -f model_repository/*/[0-9]*/*.onnx model_repository/*/[0-9]*/*.onnx.data
+	rm -f $(RENDERED_CONFIGS)
 	rm -rf $(VENV)

@@ -175,7 +175,9 @@ def add_tune_parser(sub) -> None:
     p.add_argument("model", choices=tuple(tune.RAW_KIND))
     p.add_argument("--p99-ms", type=float, required=True, help="latency SLO (client-side p99)")
     p.add_argument("--budget-s", type=float, default=300, help="time budget for verification")
-    p.add_argument("--config-name", default="local-tuned", help="write configs/<name>.pbtxt")
+    p.add_argument(
+        "--config-name", default="local-tuned", help="write configs/<name>.overlay.pbtxt"
+    )
     p.add_argument("--brute-force", action="store_true", help="also verify every candidate")
     p.add_argument("--out", type=Path, help="results folder (default results/tune-<time>)")
     p.add_argument("--server-cpus")
@@ -254,10 +256,10 @@ def tune_run(args: argparse.Namespace) -> int:
     if winner is None:
         print(f"no candidate met p99 <= {args.p99_ms} ms; nothing written")
         return 1
+    # What it measured stays in tune.json (and docs/performance.md), not in the config.
     header = (
-        f"Written by `python -m bench tune {args.model} --p99-ms {args.p99_ms}`: "
-        f"{winner.throughput:.1f} infer/s at p99 {winner.p99_ms:.1f} ms (c={winner.concurrency}, "
-        f"perf_analyzer gRPC, server on {n_cores} core(s))."
+        f"Written by `python -m bench tune {args.model} --p99-ms {args.p99_ms}` (perf_analyzer "
+        f"gRPC, server on {n_cores} core(s)); what it measured: {out / 'tune.json'}."
     )
     variant = tune.variant_for(winner.candidate, args.model, n_cores)
     for path in tune.write_configs(variant, MODEL_REPOSITORY, base, args.config_name, header):

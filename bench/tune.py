@@ -9,7 +9,8 @@ max queue delay and instance count:
    drops the ones the model says cannot meet the SLO;
 3. verifies the best-predicted candidates on the real server with perf_analyzer (concurrency
    doubled until p99 breaks the SLO, then bisected), until the time budget is spent;
-4. writes the winner as ``model_repository/<step>/configs/<name>.pbtxt``.
+4. writes the winner as the overlay ``model_repository/<step>/configs/<name>.overlay.pbtxt`` (what
+   differs from the variant's base) and renders it into ``configs/<name>.pbtxt``.
 
 ``--brute-force`` verifies every candidate instead, to check what the pruning costs.
 """
@@ -25,8 +26,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from google.protobuf import text_format
 
 from bench import perf_analyzer, variants
 from export import model_config
@@ -317,15 +316,27 @@ def write_configs(
     name: str,
     header: str,
 ) -> list[Path]:
-    """Write the variant's changed step configs as ``configs/<name>.pbtxt``."""
+    """Write each changed step's tuned config as an overlay, then render it.
+
+    The overlay ``configs/<name>.overlay.pbtxt`` holds the fields where the tuned config differs
+    from the base of variant ``name`` (export/model_config.py), under ``header`` as a comment;
+    it replaces a link to another variant's overlay instead of writing through it.
+
+    Returns:
+        The rendered ``configs/<name>.pbtxt`` of each changed step (what Triton reads).
+    """
     paths = []
     for step, config in variant.configs(repository, base_config_name).items():
         if step not in variant.changes:
             continue
-        path = repository / step / "configs" / f"{name}.pbtxt"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(f"# {header}\n" + text_format.MessageToString(config))
-        paths.append(path)
+        model_dir = repository / step
+        overlay = model_config.overlay_path(model_dir, name)
+        base = model_config.base_config(model_dir, name)
+        overlay.parent.mkdir(exist_ok=True)
+        overlay.unlink(missing_ok=True)
+        overlay.write_text(f"# {header}\n" + model_config.overlay_text(config, base))
+        paths.append(model_config.config_path(model_dir, name))
+    model_config.render_repository(repository, models=[p.parent.parent.name for p in paths])
     return paths
 
 

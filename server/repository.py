@@ -66,5 +66,6 @@ def _link(path: Path, link: Path) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() or link.exists():
         link.unlink()
-    # A symlinked config (configs/gpu-local.pbtxt -> local.pbtxt) resolves to its real file.
+    # A symlinked file (configs/gpu-local.overlay.pbtxt -> local.overlay.pbtxt) resolves to its
+    # real file.
     os.symlink(path.resolve(), link)

@@ -551,7 +551,8 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
         from export import model_config, samples
         from server.launcher import MODEL_REPOSITORY
 
-        # configs/ is rendered from variants/ and not committed: a fresh checkout has none.
+        # configs/<name>.pbtxt is rendered from its overlay and not committed: a fresh checkout
+        # has none.
         model_config.render_repository(MODEL_REPOSITORY)
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
         report.device, report.torch = device, torch.__version__

@@ -1,4 +1,8 @@
-"""Every config parses with Triton's own schema, follows the spec, and ensembles are wired right."""
+"""Every config parses with Triton's own schema, follows the spec, and ensembles are wired right.
+
+Also the variants: each overlay holds only what differs from its base, renders as
+export/model_config.py says, and its rendered configs/ file (what Triton reads) is up to date.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,22 @@ import onnx
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import onnx_export
+from export import model_config, onnx_export
 from export.model_config import parse, resolve
 from pipelines import classification as spec
 from pipelines import embedding as emb
 from server.launcher import MODEL_REPOSITORY
 
-CONFIG_FILES = sorted(MODEL_REPOSITORY.glob("*/config.pbtxt")) + sorted(
-    MODEL_REPOSITORY.glob("*/configs/*.pbtxt")
-)
-ENVIRONMENTS = sorted({p.stem for p in MODEL_REPOSITORY.glob("*/configs/*.pbtxt")})
+# (model folder, variant name) of every overlay; their rendered configs are what Triton reads.
+VARIANTS = [
+    (d, name)
+    for d in model_config.model_dirs(MODEL_REPOSITORY)
+    for name in model_config.variant_names(d)
+]
+CONFIG_FILES = sorted(MODEL_REPOSITORY.glob("*/config.pbtxt")) + [
+    model_config.config_path(d, name) for d, name in VARIANTS
+]
+ENVIRONMENTS = sorted({name for _, name in VARIANTS})
 SHAPE = [spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE]
 
 # The contract of each model, from pipelines.classification: name -> (inputs, outputs).
@@ -165,7 +175,7 @@ def test_exported_encoders_match_the_spec(encoder_onnx):
 def test_encoder_versions_and_ensembles_pin_them():
     for config_path in [
         MODEL_REPOSITORY / emb.ENCODER / "config.pbtxt",
-        *(MODEL_REPOSITORY / emb.ENCODER / "configs").glob("*.pbtxt"),
+        *(model_config.config_path(d, n) for d, n in VARIANTS if d.name == emb.ENCODER),
     ]:
         assert list(parse(config_path).version_policy.specific.versions) == [1, 2]
     for ensemble, version in ((emb.ENSEMBLE, 1), ("embed_int8", 2)):
@@ -173,3 +183,152 @@ def test_encoder_versions_and_ensembles_pin_them():
         (step,) = [s for s in config.ensemble_scheduling.step if s.model_name == emb.ENCODER]
         assert step.model_version == version
         assert config.response_cache.enable
+
+
+# Variants: overlays over config.pbtxt, rendered into configs/ -------------------------------
+
+
+def test_rendered_configs_are_up_to_date():
+    """configs/ (what Triton reads) is what the overlays render today: no edit left unrendered."""
+    problems = model_config.stale(MODEL_REPOSITORY)
+    assert not problems, "run `make models` (python -m export configs):\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("model_dir", "name"), VARIANTS, ids=[f"{d.name}/{n}" for d, n in VARIANTS]
+)
+def test_overlay_writes_only_what_differs_from_its_base(model_dir: Path, name: str):
+    redundant = model_config.redundant_fields(model_dir, name)
+    base = model_config.base_of(model_dir, name) or model_config.BASE
+    assert not redundant, (
+        f"configs/{name}.overlay.pbtxt repeats {redundant} of {base}: leave them out"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_dir", "name"), VARIANTS, ids=[f"{d.name}/{n}" for d, n in VARIANTS]
+)
+def test_overlay_text_turns_the_base_into_the_variant(model_dir: Path, name: str, tmp_path):
+    """What the tuner writes (overlay_text) renders back to the config it was made from."""
+    config = model_config.render(model_dir, name)
+    base = model_config.base_config(model_dir, name)
+    path = tmp_path / "overlay.pbtxt"
+    path.write_text(model_config.overlay_text(config, base))
+    assert model_config.apply(base, model_config.read_overlay(path)) == config
+
+
+BASE_CONFIG = """
+name: "m"
+backend: "onnxruntime"
+default_model_filename: "model.plan"
+max_batch_size: 8
+instance_group [ { kind: KIND_CPU, count: 1 } ]
+dynamic_batching { preferred_batch_size: [ 4 ], max_queue_delay_microseconds: 100 }
+model_operations { op_library_filename: "/opt/lib.so" }
+parameters { key: "a", value: { string_value: "1" } }
+parameters { key: "b", value: { string_value: "2" } }
+"""
+
+
+def make_model(root: Path, **overlays: str) -> Path:
+    """A model folder with BASE_CONFIG and the given overlays (name with '_' for '-')."""
+    model_dir = root / "m"
+    (model_dir / "configs").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(BASE_CONFIG)
+    for name, text in overlays.items():
+        model_config.overlay_path(model_dir, name.replace("_", "-")).write_text(text)
+    return model_dir
+
+
+def test_an_overlay_field_replaces_the_base_field_wholesale(tmp_path):
+    model_dir = make_model(
+        tmp_path,
+        local='dynamic_batching { max_queue_delay_microseconds: 0 }\nparameters { key: "a", '
+        'value: { string_value: "9" } }\ninstance_group [ { kind: KIND_CPU, count: 2 } ]',
+    )
+    config = model_config.render(model_dir, "local")
+    assert not config.dynamic_batching.preferred_batch_size, "merged, not replaced"
+    assert config.HasField("dynamic_batching")
+    assert dict(config.parameters) == {"a": config.parameters["a"]}
+    assert config.parameters["a"].string_value == "9"
+    assert [g.count for g in config.instance_group] == [2]
+    assert (config.backend, config.max_batch_size) == ("onnxruntime", 8)  # not written: kept
+
+
+def test_a_field_written_empty_drops_the_base_field(tmp_path):
+    model_dir = make_model(
+        tmp_path,
+        gpu='default_model_filename: ""\nparameters: []\nmodel_operations {}\nmax_batch_size: 0',
+        local="dynamic_batching {}",
+    )
+    config = model_config.render(model_dir, "gpu")
+    expected = parse(model_dir / "config.pbtxt")
+    for field in ("default_model_filename", "parameters", "model_operations", "max_batch_size"):
+        expected.ClearField(field)
+    assert config == expected
+    # The scheduler is the exception: an empty dynamic_batching selects it with defaults.
+    local = model_config.render(model_dir, "local")
+    assert local.HasField("dynamic_batching") and local.dynamic_batching.ByteSize() == 0
+
+
+def test_a_variant_applies_to_the_variant_its_name_extends(tmp_path):
+    model_dir = make_model(
+        tmp_path,
+        local='backend: "python"',
+        local_shed="instance_group [ { kind: KIND_CPU, count: 3 } ]",
+        gpu_ort='backend: "tensorrt"',
+    )
+    model_config.overlay_path(model_dir, "local-shared").symlink_to("local-shed.overlay.pbtxt")
+    assert model_config.base_of(model_dir, "local-shed") == "local"
+    assert model_config.base_of(model_dir, "gpu-ort") is None  # no gpu: config.pbtxt
+    shed = model_config.render(model_dir, "local-shed")
+    assert (shed.backend, shed.instance_group[0].count) == ("python", 3)
+    assert model_config.render(model_dir, "local-shared") == shed  # a link: the same variant
+    written = model_config.render_repository(tmp_path)
+    assert [p.name for p in written] == [
+        "gpu-ort.pbtxt",
+        "local.pbtxt",
+        "local-shared.pbtxt",
+        "local-shed.pbtxt",
+    ]
+    text = model_config.config_path(model_dir, "local-shared").read_text()
+    assert text.startswith(model_config.GENERATED)
+    chain = (
+        "configs/local-shared.overlay.pbtxt (a link) over configs/local-shed.overlay.pbtxt over "
+    )
+    assert chain in text
+    assert parse(model_config.config_path(model_dir, "local-shared")) == shed
+
+
+def test_an_edited_overlay_makes_its_rendered_config_stale(tmp_path):
+    model_dir = make_model(tmp_path, local='backend: "python"')
+    model_config.render_repository(tmp_path)
+    assert model_config.stale(tmp_path) == []
+    model_config.overlay_path(model_dir, "local").write_text("max_batch_size: 4")
+    assert model_config.stale(tmp_path) == [
+        f"{model_config.config_path(model_dir, 'local')}: out of date with local.overlay.pbtxt "
+        "or its bases"
+    ]
+    model_config.overlay_path(model_dir, "local").unlink()
+    assert "no local.overlay.pbtxt renders it" in model_config.stale(tmp_path)[0]
+    model_config.render_repository(tmp_path)  # removes the orphan it had rendered
+    assert not model_config.config_path(model_dir, "local").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("instance_grup [ { kind: KIND_CPU, count: 2 } ]", 'no field named "instance_grup"'),
+        ("instance_group [ { kind: KIND_CPPU } ]", "has no value named KIND_CPPU"),
+        ("dynamic_batching { max_queue_delay: 5 }", 'no field named "max_queue_delay"'),
+        ("max_batch_size: many", "Couldn't parse integer"),
+        ('name: "other"', "sets name"),
+    ],
+)
+def test_an_overlay_with_a_typo_fails_naming_the_file(tmp_path, text, message):
+    model_dir = make_model(tmp_path, local=text)
+    with pytest.raises(model_config.OverlayError) as failure:
+        model_config.render_repository(tmp_path)
+    assert str(model_config.overlay_path(model_dir, "local")) in str(failure.value)
+    assert message in str(failure.value)
+    assert not model_config.config_path(model_dir, "local").exists()

@@ -181,7 +181,8 @@ def test_cached_engines_are_rebuilt_when_what_they_were_built_from_changes(tmp_p
     builds.clear()
     # A config with other batch ranges: new profiles, new engine.
     config_path = repository / "classifier" / "configs" / "gpu.pbtxt"
-    config_path.write_text(config_path.read_text().replace("[ 16, 64, 128 ]", "[ 32, 64, 128 ]"))
+    text = config_path.read_text()  # rendered: one preferred_batch_size per line
+    config_path.write_text(text.replace("preferred_batch_size: 16\n", "preferred_batch_size: 32\n"))
     container.ensure_engines(repository, cache, one_gpu)
     assert builds == [("classifier", "1")]
     builds.clear()

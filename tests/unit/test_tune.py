@@ -133,19 +133,28 @@ def test_search_measures_every_shape_then_the_delays_of_the_best():
 def test_the_winner_is_written_as_a_valid_config(tmp_path):
     repository = tmp_path / "repo"
     for step in (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS):
-        shutil.copytree(MODEL_REPOSITORY / step, repository / step,
-                        ignore=shutil.ignore_patterns("*.onnx"))  # fmt: skip
+        shutil.copytree(MODEL_REPOSITORY / step, repository / step, symlinks=True,
+                        ignore=shutil.ignore_patterns("*.onnx", "local-tuned.pbtxt"))  # fmt: skip
     variant = tune.variant_for(tune.Candidate(4, 500, 2), spec.ENSEMBLE, cores=2)
+    tuned = variant.configs(repository, "local")
     paths = tune.write_configs(variant, repository, "local", "local-tuned", "header line")
     assert sorted(p.parent.parent.name for p in paths) == [spec.CLASSIFIER, spec.PREPROCESS]
     classifier = model_config.parse(repository / spec.CLASSIFIER / "configs/local-tuned.pbtxt")
-    assert classifier.backend == "python"  # derived from configs/local.pbtxt
+    assert classifier.backend == "python"  # derived from the local variant
     assert list(classifier.dynamic_batching.preferred_batch_size) == [4]
     assert classifier.dynamic_batching.max_queue_delay_microseconds == 500
     assert classifier.instance_group[0].count == 2
     assert classifier.parameters["intra_op_thread_count"].string_value == "1"
-    assert paths[0].read_text().startswith("# header line\n")
     assert "preferred [4], delay 500 us" in tune.describe(paths[0])
+    for path in paths:
+        step = path.parent.parent
+        # What Triton reads is the tuned config exactly; its source holds only what differs.
+        assert model_config.parse(path) == tuned[step.name]
+        overlay = model_config.overlay_path(step, "local-tuned")
+        assert overlay.read_text().startswith("# header line\n")
+        assert model_config.redundant_fields(step, "local-tuned") == []
+        assert "max_batch_size" not in model_config.read_overlay(overlay).fields
+    assert not model_config.stale(repository)
 
 
 def test_summary_compares_with_brute_force():
