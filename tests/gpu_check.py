@@ -49,7 +49,7 @@ from pathlib import Path
 
 log = logging.getLogger("gpu_check")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BUNDLE = REPO / ".gpu-bundle"
 SITE_ARCHIVE = "site.tar.xz"
 UNPACKED = Path(tempfile.gettempdir()) / "gpu-check-site"
