@@ -13,6 +13,7 @@ directories), picks free ports if asked, waits for readiness and stops the serve
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import importlib.util
@@ -218,11 +219,28 @@ def detect_environment(inst: Installation, gpus: list[gpu_info.Gpu] | None = Non
     return "gpu" if gpus else None
 
 
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port that is free right now on ``host``, and none of the last ones given here.
+
+    The kernel may give a released port to the next bind; a server takes three ports at once
+    (HTTP, gRPC, metrics), which must differ.
+    """
+    held: list[socket.socket] = []
+    try:
+        while True:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)  # kept bound until the end: the next bind gets another port
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if port not in _RECENT_PORTS:
+                _RECENT_PORTS.append(port)
+                return port
+    finally:
+        for sock in held:
+            sock.close()
 
 
 @dataclass
