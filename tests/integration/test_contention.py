@@ -13,9 +13,12 @@ import sys
 
 import pytest
 
+from bench import contention
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
+
+SECONDS = 5  # per setup; the background streams run at least this long
 
 
 def test_limiter_and_priorities_keep_the_interactive_p99_under_saturation(
@@ -24,7 +27,7 @@ def test_limiter_and_priorities_keep_the_interactive_p99_under_saturation(
     out = tmp_path / "contention.json"
     command = [
         *(sys.executable, "-m", "bench.contention"),
-        *("--seconds", "5", "--rounds", "1", "--setups", "none,both", "--json", str(out)),
+        *("--seconds", str(SECONDS), "--rounds", "1", "--setups", "none,both", "--json", str(out)),
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     print(result.stdout)
@@ -32,13 +35,18 @@ def test_limiter_and_priorities_keep_the_interactive_p99_under_saturation(
     rows = {row["setup"]: row for row in json.loads(out.read_text())}
     alone, none, both = rows["alone"], rows["none"], rows["both"]
     assert none["errors"] == 0 and both["errors"] == 0 and alone["errors"] == 0
-    # The background was really served in both setups (the server was saturated, not idle).
+    # The background was really served in both setups: at least as many answers as it has
+    # closed-loop threads (a rate times the shortest its run can last is at most the answers
+    # counted).
     for row in (none, both):
-        assert row["images_per_s"] > 10 and row["bulk_per_s"] > 10
+        assert row["images_per_s"] * SECONDS >= contention.IMAGE_CONCURRENCY, row
+        assert row["bulk_per_s"] * SECONDS >= contention.BULK_CONCURRENCY, row
+    # And it saturated the server: without limiter and priorities, the slowest queries wait
+    # behind it for several times their latency alone, the control measured in the same run.
+    assert none["queries_ms"]["p99"] > 2 * alone["queries_ms"]["p99"], (none, alone)
     # A priority-1 query skips the encoder's backlog of bulk batches, and the one cpu_slot lets
-    # it wait for one execution in progress instead of sharing the core with all of them. Its
-    # p99 through the embed ensemble was 0.44-0.70x of the p99 without in five runs (135-174
-    # vs 248-321 ms; alone about 41 ms), its p50 0.43-0.73x.
+    # it wait for one execution in progress instead of sharing the core with all of them
+    # (docs/operations.md, "Many models on one server", has the measured ratios).
     assert both["queries_ms"]["p99"] < none["queries_ms"]["p99"]
     assert both["queries_ms"]["p50"] < none["queries_ms"]["p50"]
     assert both["queries"] > none["queries"]
