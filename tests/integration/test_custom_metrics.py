@@ -6,6 +6,7 @@ computing the expected token counts in-process with the same tokenizer.
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.request
 import uuid
@@ -46,6 +47,16 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 def change(before: dict, after: dict, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
+
+
+def bucket_changes(before: dict, after: dict, histogram: str, **labels: str) -> dict[float, float]:
+    """How much each bucket of one histogram series grew: upper bound (le) → change."""
+    les = {
+        dict(key[1])["le"]
+        for key in after
+        if key[0] == histogram + "_bucket" and frozenset(labels.items()) <= key[1]
+    }
+    return {float(le): change(before, after, histogram + "_bucket", **labels, le=le) for le in les}
 
 
 def send(server, protocol: str, model: str, name: str, items: list[bytes]) -> str | None:
@@ -109,8 +120,13 @@ def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server
     seconds = metrics.PREPROCESS_SECONDS
     assert change(before, after, seconds + "_count", **PRE) == 5
     assert 0 < change(before, after, seconds + "_sum", **PRE) < 30
-    inf = change(before, after, seconds + "_bucket", **PRE, le="+Inf")
-    assert inf == 5 and change(before, after, seconds + "_bucket", **PRE, le="5") <= inf
+    timed = bucket_changes(before, after, seconds, **PRE)
+    assert set(timed) == {*metrics.SECONDS_BUCKETS, math.inf}, sorted(timed)
+    counts = [timed[le] for le in sorted(timed)]
+    assert counts == sorted(counts), timed  # cumulative
+    # Each execute decodes at most three photos, in milliseconds: all five are under 5 s
+    # (seconds counted as milliseconds, or an execute observed twice, would not be).
+    assert timed[5.0] == timed[math.inf] == 5, timed
     # Triton's own per-model series are on the same page. They cannot replace the counter above:
     # the step counts refused requests as successes, and 2.51 counts each failed ensemble request
     # twice under reason="OTHER" (seen here); they are also recorded as requests are released,
@@ -154,6 +170,14 @@ def test_tokenize_counts_real_and_padded_tokens_per_batch(server):
     per_batch = metrics.TOKENS_PER_BATCH
     assert change(before, after, per_batch + "_count", **TOK) == len(requests)
     assert change(before, after, per_batch + "_sum", **TOK) == expected_tokens
+    # Sequential requests: one execute each, observed with its own word-piece count (about 20,
+    # 256 and 4 here: three different buckets).
+    per_request = [sum(len(t) for t in request) for request in ids]
+    expected_buckets = {
+        le: sum(n <= le for n in per_request) for le in (*metrics.TOKEN_BUCKETS, math.inf)
+    }
+    assert len({min(le for le in expected_buckets if n <= le) for n in per_request}) == 3
+    assert bucket_changes(before, after, per_batch, **TOK) == expected_buckets
     failures = metrics.DECODE_FAILURES
     assert change(before, after, failures, **TOK, reason="not_utf8") == 1
     assert change(before, after, failures, **TOK, reason="too_large") == 1

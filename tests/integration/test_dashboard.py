@@ -13,6 +13,7 @@ registers in its source (``TRITON_GPU_METRICS``), and the test says which one it
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import urllib.error
@@ -237,19 +238,144 @@ def test_every_dashboard_query_returns_data_from_prometheus(prometheus):
     assert not empty, f"no series from Prometheus for {empty}"
 
 
-def test_dashboard_ratios_come_out_right_from_prometheus(prometheus):
-    """Formed batch size is at least 1 and the cache hit rate of embed is above 0."""
+# Traffic whose ratios are known by construction: FRESH requests of TEXTS_PER_REQUEST new texts
+# each, sent one after another (each is one execute of TEXTS_PER_REQUEST items in tokenize and in
+# the encoder: formed batch TEXTS_PER_REQUEST), then every one of them REPEATS more times (a
+# response-cache hit each: FRESH misses, FRESH * REPEATS hits); and shaping-log lines of which
+# REFUSED of SHAPED are refusals. An inverted or mixed-up formula gives another number.
+FRESH, TEXTS_PER_REQUEST, REPEATS = 4, 4, 3
+SHAPED, REFUSED = 10, 2
+EXPECTED_BATCH = TEXTS_PER_REQUEST
+EXPECTED_HIT_RATE = FRESH * REPEATS / (FRESH * REPEATS + FRESH)  # 0.75, 0.25 inverted
+EXPECTED_REFUSED_SHARE = REFUSED / SHAPED  # 0.2, 0.8 inverted
+
+
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(page: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """``name``'s samples on a /metrics page: (labels, value)."""
+    found = []
+    for line in page.splitlines():
+        match = SAMPLE.match(line)
+        if match and match.group(1) == name:
+            found.append((dict(LABEL.findall(match.group(2) or "")), float(match.group(3))))
+    return found
+
+
+def counters(server, exporter) -> dict[tuple[str, str], float]:
+    """The counters the three ratio panels divide, straight from the two /metrics pages."""
+    triton = metrics_page(server)
+    found: dict[tuple[str, str], float] = {}
+    for name, model in [
+        ("nv_inference_count", "tokenize"),
+        ("nv_inference_exec_count", "tokenize"),
+        ("nv_inference_count", "encoder"),
+        ("nv_inference_exec_count", "encoder"),
+        ("nv_cache_num_hits_per_model", "embed"),
+        ("nv_cache_num_misses_per_model", "embed"),
+    ]:
+        found[name, model] = sum(
+            v for labels, v in samples(triton, name) if labels["model"] == model
+        )
+    gateway = generate_latest(exporter.registry).decode()
+    for outcome in ("refused", "admitted"):
+        found[outcome, "embed"] = sum(
+            v
+            for labels, v in samples(gateway, "gateway_requests_total")
+            if labels["model"] == "embed" and labels["outcome"] == outcome
+        )
+    return found
+
+
+def newest_scrape(base: str, job: str) -> float:
+    """Timestamp (s) of the newest scrape of ``job`` that Prometheus has stored, 0 if none."""
+    result = api(base, "/api/v1/query", query=f'timestamp(up{{job="{job}"}})')["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def scrapes_after(base: str, moment: float) -> dict[str, float]:
+    """Wait until both jobs have a scrape that began after ``moment`` (epoch s); their times."""
+    deadline = time.monotonic() + 60
+    while True:
+        times = {job: newest_scrape(base, job) for job in ("triton", "gateway")}
+        if all(t > moment for t in times.values()):
+            return times
+        assert time.monotonic() < deadline, f"no scrape after {moment}: {times}"
+        time.sleep(0.2)
+
+
+def send_known_traffic(server, shaping_log: Path, entry: str) -> None:
+    fresh = [
+        [f"Batch {i} text {j}, {time.monotonic_ns()}." for j in range(TEXTS_PER_REQUEST)]
+        for i in range(FRESH)
+    ]
+    with EmbedClient(server.http_url, "http") as client:
+        for texts in fresh:
+            client.embed(texts)
+        for _ in range(REPEATS):
+            for texts in fresh:
+                client.embed(texts)
+    with shaping_log.open("a") as f:
+        f.write(entry.format("PASSED") * (SHAPED - REFUSED) + entry.format("REJECTED") * REFUSED)
+
+
+def test_dashboard_ratios_come_out_right_from_prometheus(server, gateway_exporter, prometheus):
+    """Formed batch size, cache hit rate and refused share equal what the traffic makes them.
+
+    Each ratio is evaluated over a window holding exactly one scrape before the traffic and one
+    after it, so it divides the counters' whole increase over the traffic and nothing else.
+    """
+    exporter, _, shaping_log, entry = gateway_exporter
+    # Quiet first: no traffic from here on until a scrape of each job has stored the counters.
+    while True:
+        quiet = time.time()
+        before = counters(server, exporter)
+        first = scrapes_after(prometheus, quiet)
+        if counters(server, exporter) == before:
+            break
+    send_known_traffic(server, shaping_log, entry)
+    expected = {
+        ("nv_inference_count", "tokenize"): FRESH * TEXTS_PER_REQUEST,
+        ("nv_inference_exec_count", "tokenize"): FRESH,
+        ("nv_inference_count", "encoder"): FRESH * TEXTS_PER_REQUEST,
+        ("nv_inference_exec_count", "encoder"): FRESH,
+        ("nv_cache_num_hits_per_model", "embed"): FRESH * REPEATS,
+        ("nv_cache_num_misses_per_model", "embed"): FRESH,
+        ("refused", "embed"): REFUSED,
+        ("admitted", "embed"): SHAPED - REFUSED,
+    }
+    # Triton records a request's statistics as it releases it, the exporter reads its log every
+    # 0.1 s: wait for both, so that the scrape after ``done`` holds all of it.
+    deadline = time.monotonic() + 30
+    while True:
+        after = counters(server, exporter)
+        increase = {k: after[k] - before[k] for k in expected}
+        if increase == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert increase == expected, "the traffic did not move the counters as sent"
+    done = time.time()
+    last = scrapes_after(prometheus, done)
+
     dashboard = json.loads(DASHBOARD.read_text())
     by_title = {p["title"]: p for p in promql.dashboard_panels(dashboard) if p.get("type") != "row"}
 
-    def values(title: str) -> dict[str, float]:
+    def values(title: str, job: str) -> dict[str, float]:
+        # From 1 ms before the job's first scrape after ``quiet`` to its first after ``done``.
         (target,) = by_title[title]["targets"]
-        result = api(prometheus, "/api/v1/query", query=as_prometheus_query(target["expr"]))
+        window_ms = round((last[job] - first[job]) * 1000) + 1
+        expr = target["expr"].replace("$__rate_interval", f"{window_ms}ms")
+        result = api(
+            prometheus, "/api/v1/query", query=as_prometheus_query(expr), time=f"{last[job]:.3f}"
+        )
         return {r["metric"].get("model"): float(r["value"][1]) for r in result["data"]["result"]}
 
-    batch = values("Formed batch size")
-    assert batch["tokenize"] >= 1.0 and batch["encoder"] >= 1.0
-    hits = values("Response cache hit rate")
-    assert 0 < hits["embed"] <= 1
-    refused = values("Refused share by model")  # 3 refused of 12 lines, spread over scrapes
-    assert 0 < refused["embed"] < 1
+    batch = values("Formed batch size", "triton")
+    assert batch["tokenize"] == pytest.approx(EXPECTED_BATCH, rel=1e-3), batch
+    assert batch["encoder"] == pytest.approx(EXPECTED_BATCH, rel=1e-3), batch
+    hits = values("Response cache hit rate", "triton")
+    assert hits["embed"] == pytest.approx(EXPECTED_HIT_RATE, rel=1e-3), hits
+    refused = values("Refused share by model", "gateway")
+    assert refused["embed"] == pytest.approx(EXPECTED_REFUSED_SHARE, rel=1e-3), refused
