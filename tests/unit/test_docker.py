@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from export import model_config
 from server import gpus
@@ -372,6 +373,18 @@ def pins(path: Path, text: str | None = None) -> dict[str, str]:
     return result
 
 
+def comment_above_pin(text: str, name: str, version: str) -> str:
+    """The comment lines directly above the line ``name==version`` of a requirements file."""
+    lines = text.splitlines()
+    index = lines.index(f"{name}=={version}")
+    block = []
+    for line in reversed(lines[:index]):
+        if not line.startswith("#"):
+            break
+        block.insert(0, line.lstrip("# "))
+    return " ".join(block)
+
+
 def test_container_requirements_are_pinned_as_in_the_tested_set():
     chosen, marker, resolved = CONTAINER_REQUIREMENTS.read_text().partition(RESOLVED_MARKER)
     assert marker, f"{RESOLVED_MARKER!r} missing"
@@ -386,7 +399,11 @@ def test_container_requirements_are_pinned_as_in_the_tested_set():
         assert name in tested, f"{name} is not in the set `make test` runs"
         if name in CONTAINER_PIN_EXCEPTIONS:
             assert version != tested[name]
-            assert name in CONTAINER_REQUIREMENTS.read_text().split(version)[0]
+            # The comment right above the pin says why it is not the tested version.
+            why = comment_above_pin(chosen, name, version)
+            assert name in why.lower() and tested[name] in why, (
+                f"{name}=={version}: no comment above it naming {name} {tested[name]}"
+            )
         else:
             assert version == tested[name], f"{name}: {version} here, {tested[name]} in tests"
 
@@ -420,7 +437,13 @@ def test_container_torch_is_a_cuda12_build_no_newer_than_the_images_cuda():
 def test_container_torch_pin_differs_from_the_tested_one_only_for_cuda():
     text = CONTAINER_REQUIREMENTS.read_text()
     torch = pins(CONTAINER_REQUIREMENTS)["torch"]
-    assert "CUDA 13" in text.split(f"torch=={torch}")[0], "say why torch differs"
+    tested = pins(REPO / "requirements.txt")["torch"]
+    # An older torch than the tested one, for its CUDA only: the comment right above the pin
+    # names the tested version as a CUDA 13 build and this one as the base image's CUDA 12.
+    assert Version(torch) < Version(tested), (torch, tested)
+    why = comment_above_pin(text, "torch", torch)
+    assert f"torch {tested}" in why and "CUDA 13" in why, f"say why torch {torch}: {why!r}"
+    assert f"torch {torch}" in why and "CUDA 12" in why, f"say why torch {torch}: {why!r}"
     # torch >= 2.3 works with NumPy 1.x; the image keeps numpy 1.26.4 (tritonclient: numpy<2).
     assert tuple(int(p) for p in torch.split(".")[:2]) >= (2, 3)
     assert pins(CONTAINER_REQUIREMENTS)["numpy"].startswith("1.")

@@ -70,12 +70,24 @@ def test_without_gpus_the_groups_run_on_cpu():
     ]
 
 
-def test_environment_follows_backends_and_gpus():
-    inst = launcher.find_installation()
-    if not inst.bundled:
-        pytest.skip("the bundled server is what lacks the onnxruntime backend")
-    assert launcher.detect_environment(inst, []) == "local"
-    assert launcher.detect_environment(inst, MACHINE[:1]) == "gpu-local"
+@pytest.mark.parametrize(
+    ("backends", "machine", "expected"),
+    [
+        (["python"], [], "local"),  # the bundled server: no onnxruntime backend
+        (["python"], MACHINE[:1], "gpu-local"),
+        (["python", "onnxruntime", "tensorrt"], [], None),  # the NGC container on CPU
+        (["python", "onnxruntime", "tensorrt"], MACHINE[:1], "gpu"),
+    ],
+)
+def test_environment_follows_backends_and_gpus(tmp_path, backends, machine, expected):
+    # A stand-in installation whose backends/ holds these folders: both kinds of server are
+    # covered wherever the tests run, whichever tritonserver this machine has.
+    for name in backends:
+        (tmp_path / "backends" / name).mkdir(parents=True)
+    inst = launcher.Installation(
+        tmp_path / "bin" / "tritonserver", tmp_path / "backends", tmp_path / "caches", False
+    )
+    assert launcher.detect_environment(inst, machine) == expected
 
 
 def test_materialized_repository_links_files_and_writes_only_generated_configs(tmp_path):

@@ -177,14 +177,21 @@ def test_client_side_errors_are_not_retried():
 def test_a_failing_request_tries_every_shard_once_in_ring_order(protocol):
     shards = {name: closed_address() for name in SHARDS}
     with Router(shards, protocol, health_interval=None, request_timeout=2) as router:
-        key = "user-7"
+        # A key whose walk is neither the shards' own order nor its reverse: trying them in
+        # the order they were given, or sorted, would show.
+        key = next(k for k in KEYS if router.ring.walk(k) not in (SHARDS, SHARDS[::-1]))
         with pytest.raises(AllShardsFailed) as failed:
             router.infer(key, "embed", inputs=[])
         tried = failed.value.__cause__
         assert is_retryable(tried)
         walk = router.ring.walk(key)
-        assert str(failed.value).startswith(f"key 'user-7': every shard tried failed ({walk[0]}")
+        assert sorted(walk) == sorted(SHARDS)
+        # The message lists the shards in the order they were tried.
+        assert str(failed.value).startswith(
+            f"key {key!r}: every shard tried failed ({', '.join(walk)}); last error: "
+        ), str(failed.value)
         stats = router.stats()
+        assert sum(s.requests for s in stats.values()) == len(SHARDS)
         for position, shard in enumerate(walk):
             assert stats[shard].requests == 1 and stats[shard].failures == 1
             assert stats[shard].retries == (position > 0)

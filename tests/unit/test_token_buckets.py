@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import tomllib
@@ -154,7 +155,7 @@ def test_the_rendered_shaping_config_passes_nginx_t():
     try:
         nginx = find_nginx()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        pytest.fail(f"{exc} (`make test` installs it: `make tools`)")
     limits = shaping.load_limits(LIMITS)
     check_config(render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits), nginx)
     # And nginx -t is a check that fails: a zone used twice with different rates.
@@ -256,8 +257,40 @@ def test_a_router_without_limits_admits_everything():
         assert all(router.shape("embed").admitted for _ in range(1000))
 
 
+def comment_block_above(lines: list[str], index: int) -> list[str]:
+    """The comment lines directly above ``lines[index]`` (none if a blank line comes first)."""
+    block = []
+    for above in reversed(lines[:index]):
+        if not above.startswith("#"):
+            break
+        block.append(above)
+    return block
+
+
 def test_the_limits_file_is_toml_with_comments_for_each_setting():
     text = LIMITS.read_text()
-    tomllib.loads(text)
-    for setting in ("rate", "capacity", "header", "[anonymous]", "[models."):
-        assert setting in text
+    data = tomllib.loads(text)
+    lines = text.splitlines()
+    comments = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    # Every top-level setting and the first table of each kind have a comment of their own
+    # right above them (later tables of the same kind share it).
+    uncommented, kinds_seen = [], set()
+    for index, line in enumerate(lines):
+        table = re.fullmatch(r"\[([\w-]+)(?:\.[\w-]+)?\]", line)
+        if table:
+            kind = table.group(1)
+            if kind in kinds_seen:
+                continue
+            kinds_seen.add(kind)
+        elif not (kinds_seen == set() and re.match(r"[\w-]+ *=", line)):
+            continue  # a setting inside a table: its name is explained below
+        if not comment_block_above(lines, index):
+            uncommented.append(line)
+    assert kinds_seen == {"anonymous", "tenants", "models"}, kinds_seen
+    assert not uncommented, f"no comment right above: {uncommented}"
+    # And the settings of a table are explained in a comment by name.
+    in_tables = {key for kind in ("anonymous",) for key in data[kind]}
+    in_tables |= {key for kind in ("tenants", "models") for t in data[kind].values() for key in t}
+    assert in_tables == {"rate", "capacity", "keys"}, in_tables
+    unexplained = [key for key in in_tables if not re.search(rf"\b{key}\b", comments)]
+    assert not unexplained, f"named in no comment: {unexplained}"
