@@ -18,11 +18,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 venv: $(STAMP)
 
+# --no-compile: byte-compiling every installed file (torch's thousands among them) takes longer
+# than the install itself; Python compiles what it imports when it first imports it.
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
