@@ -86,7 +86,7 @@ EXTRA_ARGS = [
     f"--load-model={INT8}",
 ]
 # The calm tenant's requests take long enough (8 texts) that a few milliseconds of a busy
-# machine do not move their p99, and 64 of them in SEND_S make a p99 that one stray slow
+# machine do not move their p99, and 40 of them in SEND_S make a p99 that one stray slow
 # answer does not decide. The flood's are small (two texts) and many: ten times its buckets'
 # rate, so that unshaped it is far more than the servers can take and shaped a tenth of that.
 CALM_TEXTS = 8
@@ -96,7 +96,7 @@ FLOOD_FACTOR = 10  # the flood's rate over its bucket's
 # A flood comes from many clients at once: unshaped, up to this many of its requests wait in
 # the servers' queues ahead of the calm tenant's.
 FLOOD_WORKERS = 64
-SEND_S = 8.0
+SEND_S = 5.0
 WARMUP_S = 2.0  # the flood's first burst is served before the calm tenant is measured
 # Shaping off, the calm tenant's p99 is the same in both arms up to noise (a ratio about 1);
 # half leaves room for that noise on either side.

@@ -85,17 +85,13 @@ MOMENTS = [
     Moment("launcher importing", 0.05, (IMPORTING,), anchor="exec"),
     *(
         Moment(f"models loading +{t}s", t, (LOADING,), anchor="starting")
-        for t in (0.3, 0.7, 1.2, 1.7, 2.2, 2.7)
+        for t in (0.3, 1.2, 2.2)  # early, midway, late in the loading of the models
     ),
     Moment("models loading, twice", 0.9, (LOADING,), anchor="starting", second_after_s=0.03),
     Moment("at ready", 0.0, (READY,), anchor="ready"),
     Moment("ready +20ms", 0.02, (READY,), anchor="ready", first=signal.SIGINT),
-    Moment("ready +60ms", 0.06, (READY,), anchor="ready"),
     Moment(
         "at ready, SIGTERM then SIGINT 20ms", 0.0, (READY,), anchor="ready", second_after_s=0.02
-    ),
-    Moment(
-        "at ready, SIGTERM then SIGINT 60ms", 0.0, (READY,), anchor="ready", second_after_s=0.06
     ),
     Moment("while stopping, twice", 0.5, (READY,), anchor="ready", second_after_s=1.0),
     Moment("under load", 0.0, (UNDER_LOAD,), anchor="ready", under_load=True),
