@@ -112,6 +112,8 @@ class Plan:
     raw_embed_batches: list[int] = field(default_factory=lambda: [1, 8, 32])
     raw_seconds: float = 1.5
     measurement_ms: int = 1000
+    # perf_analyzer's --stability-percentage for concurrency levels (rate levels use their own).
+    stability_percent: float = 20.0
     # infinity-emb (bench/infinity.py) at these concurrencies, with embed and the FastAPI peer
     # also driven with asynchronous calls at the same levels, for ratios in one calling mode.
     infinity_levels: list[int] = field(default_factory=list)
@@ -408,6 +410,7 @@ class Runner:
             mode=case.mode,
             input_data=data,
             measurement_ms=self.plan.measurement_ms,
+            stability_percent=self.plan.stability_percent,
             tensor_format=case.payload,
             cpus=self.client_cpus,
             extra=perf_args(case),
