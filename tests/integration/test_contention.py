@@ -47,6 +47,6 @@ def test_limiter_and_priorities_keep_the_interactive_p99_under_saturation(
     # A priority-1 query skips the encoder's backlog of bulk batches, and the one cpu_slot lets
     # it wait for one execution in progress instead of sharing the core with all of them
     # (docs/operations.md, "Many models on one server", has the measured ratios).
+    # The promise is about the tail; the median of one busy run is too close to call either way.
     assert both["queries_ms"]["p99"] < none["queries_ms"]["p99"]
-    assert both["queries_ms"]["p50"] < none["queries_ms"]["p50"]
     assert both["queries"] > none["queries"]
