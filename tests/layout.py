@@ -58,8 +58,9 @@ def main() -> int:
     """Print the graph and any model.py that imports more than ``pipelines``; exit 1 if so."""
     for (source, target), modules in sorted(package_edges().items()):
         print(f"{source:10s} -> {target:10s} {len(modules):3d} module(s)")
-    print(f"model_repository -> pipelines ({len(model_imports())} model.py files)")
-    broken = {path: names for path, names in model_imports().items() if names}
+    found = model_imports()
+    print(f"model_repository -> pipelines ({len(found)} model.py files)")
+    broken = {path: names for path, names in found.items() if names}
     for path, names in broken.items():
         print(f"NOT ALLOWED: {path} imports {', '.join(sorted(names))}")
     return 1 if broken else 0
