@@ -47,6 +47,7 @@ def test_limiter_and_priorities_keep_the_interactive_p99_under_saturation(
     # A priority-1 query skips the encoder's backlog of bulk batches, and the one cpu_slot lets
     # it wait for one execution in progress instead of sharing the core with all of them
     # (docs/operations.md, "Many models on one server", has the measured ratios).
-    # The promise is about the tail; the median of one busy run is too close to call either way.
-    assert both["queries_ms"]["p99"] < none["queries_ms"]["p99"]
-    assert both["queries"] > none["queries"]
+    # The promise is about the tail. The median, and with it the count of queries a closed loop
+    # gets answered, is too close to call in one busy run; the p99 must drop by a tenth at least,
+    # so a run where the setups do not differ fails more often than by chance.
+    assert both["queries_ms"]["p99"] < 0.9 * none["queries_ms"]["p99"], (both, none)
