@@ -10,7 +10,7 @@ import hashlib
 import importlib.util
 import json
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,6 +22,10 @@ TOKENIZE = "tokenize"
 ENCODER = "encoder"  # pools in its graph: ids and mask in, EMBEDDING out
 # TEXT → EMBEDDING in one ONNX graph (tokenizer op + encoder): export/text_graph.py.
 GRAPH_ENSEMBLE = "embed_graph"
+# TEXT → EMBEDDING in one Python step (tokenizers, then the encoder's graph on onnxruntime on
+# length-sorted sub-batches): embed's step on the CPU configs, where a second stub would cost
+# more than the batch it forms (docs/models.md, "One step on the CPU").
+TOKENIZE_ENCODE = "tokenize_encode"
 
 # Tensors, named after what they hold.
 TEXT = "TEXT"  # TYPE_STRING [1]: one UTF-8 text per batch item
@@ -167,6 +171,82 @@ def pad(
         ids[row, : len(tokens)] = tokens
         mask[row, : len(tokens)] = 1
     return ids, mask
+
+
+# Padded token positions per encoder run of tokenize_encode (its config's max_batch_tokens):
+# room for 64 short texts or 8 truncated passages in one run.
+MAX_BATCH_TOKENS = 2048
+# What one more encoder run costs beyond its tokens, in token positions: the fixed part of a
+# run on the CPU, fitted to run times over batch sizes and lengths (docs/performance.md,
+# "Sub-batches"). A sub-batch is cut where padding to the next text would cost more than that.
+RUN_COST_TOKENS = 16
+
+
+def sub_batches(
+    lengths: Sequence[int],
+    max_tokens: int = MAX_BATCH_TOKENS,
+    run_cost: int = RUN_COST_TOKENS,
+) -> list[list[int]]:
+    """Indices of texts, sorted by length and cut into the cheapest runs of the encoder.
+
+    A run is padded to its own longest text and costs ``run_cost + len(run) * longest`` token
+    positions; the cuts minimize the sum over runs (exactly, by dynamic programming over the
+    sorted lengths), so texts of similar length share a run and a passage never pads a batch
+    of short sentences. No run holds more than ``max_tokens`` positions, unless it is one text.
+
+    Args:
+        lengths: token count of each text.
+        max_tokens: padded positions one run may hold.
+        run_cost: the fixed cost of one run, in token positions.
+
+    Returns:
+        Lists of indices into ``lengths``, shortest texts first; together each index once.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    sorted_lengths = [lengths[i] for i in order]
+    # best[j]: the cheapest cost of the first j sorted texts; start[j]: where its last run starts.
+    best, start = [0] + [0] * len(order), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest = sorted_lengths[j - 1]
+        best[j] = best[j - 1] + run_cost + longest
+        start[j] = j - 1
+        for i in range(j - 2, -1, -1):
+            size = (j - i) * longest
+            if size > max_tokens:
+                break
+            if best[i] + run_cost + size < best[j]:
+                best[j], start[j] = best[i] + run_cost + size, i
+    runs, j = [], len(order)
+    while j > 0:
+        runs.append(order[start[j] : j])
+        j = start[j]
+    return runs[::-1]
+
+
+def encode_sorted(
+    encoder: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    token_ids: Sequence[Sequence[int]],
+    max_tokens: int = MAX_BATCH_TOKENS,
+) -> tuple[np.ndarray, int]:
+    """Embeddings of tokenized texts, in their order, from one encoder run per sub-batch.
+
+    Args:
+        encoder: (ids, mask) int64 [n, L] → float32 [n, HIDDEN_SIZE] (the encoder's graph).
+        token_ids: each text's word-piece ids.
+        max_tokens: padded positions per run (``sub_batches``).
+
+    Returns:
+        (float32 [len(token_ids), HIDDEN_SIZE], the padded positions the runs processed).
+    """
+    lengths = [len(t) for t in token_ids]
+    out = np.empty((len(token_ids), HIDDEN_SIZE), dtype=np.float32)
+    padded = 0
+    for run in sub_batches(lengths, max_tokens):
+        longest = lengths[run[-1]]
+        ids, mask = pad([token_ids[i] for i in run], longest)
+        out[run] = encoder(ids, mask)
+        padded += len(run) * longest
+    return out, padded
 
 
 def tokenize(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

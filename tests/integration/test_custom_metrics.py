@@ -74,7 +74,8 @@ def send(server, protocol: str, model: str, name: str, items: list[bytes]) -> st
 
 
 PRE = {"model": spec.PREPROCESS, "version": "1"}
-TOK = {"model": "tokenize", "version": "1"}
+# embed's text step on the local configs: tokenize_encode pads each sub-batch to its longest text.
+TOK = {"model": embedding.TOKENIZE_ENCODE, "version": "1"}
 
 
 def test_failure_reasons_cover_every_message_the_steps_produce(photos):
@@ -136,11 +137,11 @@ def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server
 
 
 def unique(text: str) -> str:
-    # The embed ensemble has a response cache: a text seen before would not reach tokenize.
+    # The embed ensemble has a response cache: a text seen before would not reach its step.
     return f"{text} ({uuid.uuid4().hex})"
 
 
-def test_tokenize_counts_real_and_padded_tokens_per_batch(server):
+def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
     requests = [
         [unique("A man is eating food."), unique("A longer sentence about a man riding a horse.")],
         [unique("word " * 400)],  # over 256 word pieces: truncated
@@ -148,8 +149,12 @@ def test_tokenize_counts_real_and_padded_tokens_per_batch(server):
     ]
     ids = [embedding.encode(texts)[0] for texts in requests]
     expected_tokens = sum(len(t) for request in ids for t in request)
+    # Sequential requests, one execute each: its texts in sorted sub-batches, each padded to
+    # its own longest text.
     expected_padded = sum(
-        len(request) * embedding.bucket_length(max(map(len, request))) for request in ids
+        len(run) * max(len(request[i]) for i in run)
+        for request in ids
+        for run in embedding.sub_batches([len(t) for t in request])
     )
     assert expected_tokens < expected_padded  # the check below would not see padding otherwise
 

@@ -27,8 +27,9 @@ import yaml
 from prometheus_client import generate_latest, start_http_server
 
 from client.embed import EmbedClient
+from export import model_config
 from gateway.metrics import ShapingLogExporter
-from server.launcher import free_port
+from server.launcher import MODEL_REPOSITORY, free_port
 from tests import promql
 from tests.helpers import prometheus_tool
 
@@ -239,8 +240,8 @@ def test_every_dashboard_query_returns_data_from_prometheus(prometheus):
 
 
 # Traffic whose ratios are known by construction: FRESH requests of TEXTS_PER_REQUEST new texts
-# each, sent one after another (each is one execute of TEXTS_PER_REQUEST items in tokenize and in
-# the encoder: formed batch TEXTS_PER_REQUEST), then every one of them REPEATS more times (a
+# each, sent one after another (each is one execute of TEXTS_PER_REQUEST items in each of embed's
+# steps: formed batch TEXTS_PER_REQUEST), then every one of them REPEATS more times (a
 # response-cache hit each: FRESH misses, FRESH * REPEATS hits); and shaping-log lines of which
 # REFUSED of SHAPED are refusals. An inverted or mixed-up formula gives another number.
 FRESH, TEXTS_PER_REQUEST, REPEATS = 4, 4, 3
@@ -264,15 +265,23 @@ def samples(page: str, name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
+def embed_steps(server) -> list[str]:
+    """The models of embed's steps in the server's configs (one, tokenize_encode, for local)."""
+    config = model_config.resolve(MODEL_REPOSITORY / "embed", server.config.model_config_name)
+    return [step.model_name for step in config.ensemble_scheduling.step]
+
+
 def counters(server, exporter) -> dict[tuple[str, str], float]:
     """The counters the three ratio panels divide, straight from the two /metrics pages."""
     triton = metrics_page(server)
     found: dict[tuple[str, str], float] = {}
+    steps = [
+        (n, m)
+        for m in embed_steps(server)
+        for n in ("nv_inference_count", "nv_inference_exec_count")
+    ]
     for name, model in [
-        ("nv_inference_count", "tokenize"),
-        ("nv_inference_exec_count", "tokenize"),
-        ("nv_inference_count", "encoder"),
-        ("nv_inference_exec_count", "encoder"),
+        *steps,
         ("nv_cache_num_hits_per_model", "embed"),
         ("nv_cache_num_misses_per_model", "embed"),
     ]:
@@ -336,11 +345,10 @@ def test_dashboard_ratios_come_out_right_from_prometheus(server, gateway_exporte
         if counters(server, exporter) == before:
             break
     send_known_traffic(server, shaping_log, entry)
+    steps = embed_steps(server)
     expected = {
-        ("nv_inference_count", "tokenize"): FRESH * TEXTS_PER_REQUEST,
-        ("nv_inference_exec_count", "tokenize"): FRESH,
-        ("nv_inference_count", "encoder"): FRESH * TEXTS_PER_REQUEST,
-        ("nv_inference_exec_count", "encoder"): FRESH,
+        **{("nv_inference_count", step): FRESH * TEXTS_PER_REQUEST for step in steps},
+        **{("nv_inference_exec_count", step): FRESH for step in steps},
         ("nv_cache_num_hits_per_model", "embed"): FRESH * REPEATS,
         ("nv_cache_num_misses_per_model", "embed"): FRESH,
         ("refused", "embed"): REFUSED,
@@ -373,8 +381,8 @@ def test_dashboard_ratios_come_out_right_from_prometheus(server, gateway_exporte
         return {r["metric"].get("model"): float(r["value"][1]) for r in result["data"]["result"]}
 
     batch = values("Formed batch size", "triton")
-    assert batch["tokenize"] == pytest.approx(EXPECTED_BATCH, rel=1e-3), batch
-    assert batch["encoder"] == pytest.approx(EXPECTED_BATCH, rel=1e-3), batch
+    for step in steps:
+        assert batch[step] == pytest.approx(EXPECTED_BATCH, rel=1e-3), batch
     hits = values("Response cache hit rate", "triton")
     assert hits["embed"] == pytest.approx(EXPECTED_HIT_RATE, rel=1e-3), hits
     refused = values("Refused share by model", "gateway")

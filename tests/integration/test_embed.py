@@ -11,7 +11,7 @@ import pytest
 
 from client.connection import ClientError, module
 from client.embed import AsyncEmbedClient, EmbedClient
-from export import bert, text_samples
+from export import bert, model_config, text_samples
 from export import minilm as export_minilm
 from pipelines import embedding as spec
 from tests.helpers import batched_in_some_burst, run_cli
@@ -60,11 +60,11 @@ def test_paraphrases_score_above_unrelated_pairs(server, protocol):
         assert score(text_samples.PARAPHRASES).min() > score(text_samples.UNRELATED).max()
 
 
-def embed_stats(server, model: str) -> dict:
+def embed_stats(server, model: str, version: str = "") -> dict:
     import tritonclient.http as http
 
     with http.InferenceServerClient(server.http_url) as client:
-        (stats,) = client.get_inference_statistics(model)["model_stats"]
+        (stats,) = client.get_inference_statistics(model, version)["model_stats"]
     return stats
 
 
@@ -153,18 +153,38 @@ def test_long_and_mixed_length_texts_are_embedded_not_refused(server, reference)
     assert cosines(served, reference(mixed)).min() >= SERVED_MIN_COSINE
 
 
+def text_step(server) -> str:
+    """The model that batches embed's texts in the server's configs (its first step)."""
+    config = model_config.resolve(
+        REPO / "model_repository" / spec.ENSEMBLE, server.config.model_config_name
+    )
+    return config.ensemble_scheduling.step[0].model_name
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
-    plan = [["A man is eating food."], [b"\xff\xfe"], ["A monkey is playing drums."]] * 8
+    # Short sentences, a bad text and passages of several lengths, each its own request: they
+    # share formed batches, and each answer must be its own text's vector.
+    passage = " ".join(text_samples.SENTENCES[:6])
+    plan = [
+        ["A man is eating food."],
+        [b"\xff\xfe"],
+        [passage],
+        ["A monkey is playing drums."],
+        [text_samples.LONG_TEXT],
+        [f"{passage} {passage}"],
+    ] * 4
 
     async def burst():
         async with AsyncEmbedClient(url(server, protocol), protocol) as client:
             return await asyncio.gather(*(client.embed(t) for t in plan), return_exceptions=True)
 
+    step = text_step(server)
+
     def burst_checked() -> int:
-        before = embed_stats(server, spec.TOKENIZE)
+        before = embed_stats(server, step, "1")
         results = asyncio.run(burst())
-        after = embed_stats(server, spec.TOKENIZE)
+        after = embed_stats(server, step, "1")
         for request, result in zip(plan, results, strict=True):
             if isinstance(request[0], bytes):
                 assert isinstance(result, ClientError) and "not UTF-8" in str(result)

@@ -52,6 +52,10 @@ CLIENT_TIMEOUT_S = 30  # a request not answered by then is hung (the load fails 
 # After a stub kill the dead instance never finishes unloading (2.51), so a SIGTERM'd server
 # waits its whole exit timeout (30 s by default) before exiting with status 1: keep it short.
 EXIT_TIMEOUT_S = 5
+# The stub killed and the version added below are tokenize's, the first of embed's two steps in
+# the local-tuned configs (the local ones make embed a single step, tokenize_encode, whose
+# versions are fp32 and INT8 rather than successive releases).
+TWO_STEPS = "local-tuned"
 INVALID_ARGUMENT = "StatusCode.INVALID_ARGUMENT"
 
 
@@ -131,7 +135,9 @@ def answered_at(outcome: load.Outcome) -> float:
 # 1. A Python-backend stub killed under load ----------------------------------------------------
 @pytest.mark.flaky(**RERUN_KNOWN_ABORT)
 def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
-    server = start_server(tmp_path / "tritonserver.log", [espec.ENSEMBLE])
+    server = start_server(
+        tmp_path / "tritonserver.log", [espec.ENSEMBLE], model_config_name=TWO_STEPS
+    )
     stopped = False
     try:
         with known_abort_raised(server_output(server)):
@@ -275,7 +281,9 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
 @pytest.mark.flaky(**RERUN_KNOWN_ABORT)
 def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
     """What ``make serve`` and the container do about it: server/supervisor.py."""
-    server = start_server(tmp_path / "tritonserver.log", [espec.ENSEMBLE])
+    server = start_server(
+        tmp_path / "tritonserver.log", [espec.ENSEMBLE], model_config_name=TWO_STEPS
+    )
     try:
         with known_abort_raised(server_output(server)):
             call = embed_sender(server, CONCURRENCY)
@@ -361,8 +369,13 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
 # 2. A new model version loaded under load --------------------------------------------------
 def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
     # A linked copy of the repository, so that a version can be added without touching ours.
-    repo = repository.materialize(MODEL_REPOSITORY, tmp_path / "repository", "local", [])
-    server = start_server(tmp_path / "tritonserver.log", [espec.ENSEMBLE], model_repository=repo)
+    repo = repository.materialize(MODEL_REPOSITORY, tmp_path / "repository", TWO_STEPS, [])
+    server = start_server(
+        tmp_path / "tritonserver.log",
+        [espec.ENSEMBLE],
+        model_repository=repo,
+        model_config_name=TWO_STEPS,
+    )
     try:
         call = embed_sender(server, CONCURRENCY)
         warm_up(call, CONCURRENCY)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from client.embed import EmbedClient
-from export.model_config import parse
+from export.model_config import parse, resolve
 from pipelines import embedding as spec
 from server.launcher import MODEL_REPOSITORY, free_port
 from tests.helpers import prometheus_tool
@@ -113,7 +113,9 @@ def test_ensemble_compute_repeats_its_steps_compute(server):
     # Why the adapter rule leaves ensembles out: their compute counter is the sum of their steps'.
     steps = {
         s.model_name
-        for s in parse(MODEL_REPOSITORY / spec.ENSEMBLE / "config.pbtxt").ensemble_scheduling.step
+        for s in resolve(
+            MODEL_REPOSITORY / spec.ENSEMBLE, server.config.model_config_name
+        ).ensemble_scheduling.step
     }
     _, before = scrape(server)
     embed(server, 1)

@@ -49,6 +49,7 @@ ENTRYPOINT_MODULE = ["python3", "-m", "server.container"]
 # Pins that may differ from requirements.txt, and why (the container has Python 3.10).
 CONTAINER_PIN_EXCEPTIONS = {
     "pillow": "13.0.0 has no cp310 wheel",
+    "onnxruntime": "1.32.0 has no cp310 wheel; 1.23.2 is the newest that has one",
     "torch": "2.13.0's PyPI wheel is CUDA 13 (driver >= 580); 2.7.1 is the newest cu126 one",
 }
 # In the container only: GPU-only code paths whose package cannot be installed where the tests

@@ -128,3 +128,92 @@ def test_buckets_make_the_encoder_faster_on_mixed_traffic(encoder_onnx):
     # with them the gain is far above 2x (docs/models.md), which a noisy machine keeps.
     speedup = effect["texts_per_s_bucketed"] / effect["texts_per_s_pad_to_longest"]
     assert speedup > 2, effect
+
+
+# Sub-batches: one formed batch of mixed lengths, sorted and cut by a budget of padded tokens.
+def _cost(runs, lengths, run_cost=spec.RUN_COST_TOKENS):
+    return sum(run_cost + len(run) * max(lengths[i] for i in run) for run in runs)
+
+
+def _cheapest(lengths, max_tokens, run_cost=spec.RUN_COST_TOKENS):
+    """Every way to cut the sorted lengths into contiguous runs, tried: the cheapest cost."""
+    ordered = sorted(lengths)
+    best = None
+    for mask in range(1 << max(len(ordered) - 1, 0)):
+        runs, current = [], [0]
+        for k in range(1, len(ordered)):
+            if mask >> (k - 1) & 1:
+                runs.append(current)
+                current = []
+            current.append(k)
+        runs.append(current)
+        if any(len(r) > 1 and len(r) * ordered[r[-1]] > max_tokens for r in runs):
+            continue
+        cost = _cost(runs, ordered, run_cost)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def test_sub_batches_sort_by_length_and_never_let_a_passage_pad_short_texts():
+    lengths = [14, 256, 12, 16, 130, 13, 250, 15, 128, 12]
+    runs = spec.sub_batches(lengths, max_tokens=2048)
+    assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+    flat = [lengths[i] for run in runs for i in run]
+    assert flat == sorted(lengths)  # shortest first, each run a contiguous slice of the sort
+    by_run = [[lengths[i] for i in run] for run in runs]
+    assert by_run == [[12, 12, 13, 14, 15, 16], [128, 130], [250, 256]]
+    padded = sum(len(r) * max(r) for r in by_run)
+    assert padded / sum(lengths) < 1.05
+
+
+def test_sub_batches_hold_the_token_budget_and_an_oversized_text_runs_alone():
+    lengths = [16] * 150 + [256, 256, 300]
+    runs = spec.sub_batches(lengths, max_tokens=512)
+    sizes = [len(run) * max(lengths[i] for i in run) for run in runs]
+    assert all(size <= 512 for run, size in zip(runs, sizes, strict=True) if len(run) > 1), sizes
+    assert [len(run) for run in runs] == [32] * 4 + [22, 2, 1]
+    assert runs[-1] == [152]  # over the budget on its own: one run of one text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sub_batches_are_the_cheapest_cut_of_the_sorted_lengths(seed):
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.choice([12, 14, 16, 20, 90, 140, 200, 256], size=11)]
+    runs = spec.sub_batches(lengths, max_tokens=1024)
+    assert _cost(runs, lengths) == _cheapest(lengths, 1024)
+
+
+def test_sorted_sub_batches_give_each_text_its_one_at_a_time_vector_in_order(encoder_onnx):
+    from pipelines import onnx_runner
+
+    session = onnx_runner.create_session(encoder_onnx[0], intra_op_threads=1)
+    runs = []
+
+    def encoder(ids, mask):
+        runs.append(ids.shape)
+        feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
+        return onnx_runner.run(session, feeds, [spec.EMBEDDING])[0]
+
+    passage = " ".join(text_samples.SENTENCES[:9])
+    texts = [
+        text_samples.SENTENCES[3],
+        passage,
+        text_samples.LONG_TEXT,
+        text_samples.SENTENCES[0],
+        "Short.",
+        passage + " " + text_samples.SENTENCES[10],
+        text_samples.SENTENCES[11],
+    ]
+    tokens, _ = spec.encode(texts)
+    vectors, padded = spec.encode_sorted(encoder, tokens)
+    alone = np.concatenate([encoder(*spec.pad([t], len(t))) for t in tokens])
+    np.testing.assert_allclose(vectors, alone, atol=2e-6)
+    # One run per sub-batch, each padded to its own longest text; the sentences never share a
+    # run with a passage, and the truncated text runs alone.
+    lengths = [len(t) for t in tokens]
+    plan = spec.sub_batches(lengths)
+    assert runs[: len(plan)] == [(len(run), max(lengths[i] for i in run)) for run in plan]
+    sentences, passages = {0, 3, 4, 6}, {1, 5}
+    assert all(set(run) <= sentences or set(run) <= passages or run == [2] for run in plan)
+    assert [2] in plan and lengths[2] == spec.MAX_TOKENS
+    assert padded == sum(n * length for n, length in runs[: len(plan)])

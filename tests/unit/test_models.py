@@ -271,6 +271,43 @@ def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(
     assert failed(responses[4], CANCELLED, "cancelled")
 
 
+def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
+    encoder_onnx, monkeypatch
+):
+    model = load(espec.TOKENIZE_ENCODE)
+    short, other, passage = "A man is eating food.", "A monkey is playing drums.", "word " * 120
+    encodes = counted(monkeypatch, espec, "encode", len)
+    runs = onnx_runs(monkeypatch)
+    responses = model.execute(
+        [
+            request(TEXT=texts(passage, short)),
+            request(TEXT=texts(short, b"\xff\xfe not UTF-8")),
+            request(TEXT=texts(other)),
+            request(TEXT=texts(b"")),
+            request(cancelled=True, TEXT=texts(short)),
+        ]
+    )
+    assert encodes.sizes == [3]  # one tokenizer call for the 3 texts of the 2 good requests
+    # Sorted into two runs: the sentences of both requests together, the passage alone, each
+    # padded to its own longest text (no bucket).
+    (long_ids, short_ids, other_ids), _ = espec.encode([passage, short, other])
+    assert runs.sizes == [(2, (len(other_ids),)), (1, (len(long_ids),))]
+    from export.minilm import onnx_embeddings
+
+    want = onnx_embeddings(encoder_onnx[0], [passage, short, other])
+    np.testing.assert_allclose(output(responses[0], espec.EMBEDDING), want[:2], atol=1e-5)
+    assert failed(responses[1], INVALID, f"{espec.TEXT}[1]: not UTF-8")
+    np.testing.assert_allclose(output(responses[2], espec.EMBEDDING), want[2:], atol=1e-5)
+    assert failed(responses[3], INVALID, "empty text")
+    assert failed(responses[4], CANCELLED, "cancelled")
+    real = len(long_ids) + len(short_ids) + len(other_ids)
+    assert model.metrics.series["tokens"].value == real
+    assert model.metrics.series["padded"].value == 2 * len(other_ids) + len(long_ids)
+    # Version 2 opens the encoder's INT8 graph.
+    int8 = load(espec.TOKENIZE_ENCODE, version="2")
+    assert int8.session._model_path.endswith("encoder/2/model.onnx")
+
+
 def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(monkeypatch):
     """The gpu-local runner (PyTorch), here on a CPU instance; tensors leave through DLPack."""
     from bench.reference import ReferenceClassifier

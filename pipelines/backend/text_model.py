@@ -1,0 +1,64 @@
+"""TEXT → EMBEDDING in one Python-backend model: tokenize, then the encoder graph, in one stub.
+
+On a CPU, a second Python stub per request (tokenize, then an encoder stub) costs more than the
+batch it forms; here one execute tokenizes every text of every request at once, sorts them by
+length into sub-batches of at most ``max_batch_tokens`` padded positions
+(``pipelines.embedding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
+onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.onnx``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import embedding as spec
+from pipelines import onnx_runner
+from pipelines.backend import batching as bk
+from pipelines.backend import metrics
+
+
+class TokenizeEncodeModel:
+    """One response per request, in order; a bad text fails only its own request."""
+
+    def initialize(self, args):
+        """Open the encoder's graph of this version and load the tokenizer."""
+        self.name = args["model_name"]
+        params = bk.parameters(args)
+        repository = Path(args["model_repository"]).parent
+        path = repository / spec.ENCODER / args["model_version"] / "model.onnx"
+        self.session = onnx_runner.create_session(
+            path,
+            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
+            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+        )
+        self.max_tokens = int(params.get("max_batch_tokens", spec.MAX_BATCH_TOKENS))
+        spec.tokenizer()
+        self.metrics = metrics.TokenizeMetrics(args)
+
+    def finalize(self):
+        """Release the metric series before the stub exits."""
+        self.metrics.close()
+
+    def _parse(self, request) -> list[str]:
+        try:
+            return spec.decode_texts(bk.input_array(request, spec.TEXT))
+        except spec.TextError as exc:
+            self.metrics.failed([exc])
+            raise bk.RequestError(str(exc)) from None
+
+    def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
+        return onnx_runner.run(self.session, feeds, [spec.EMBEDDING])[0]
+
+    def _run(self, items: list[list[str]]) -> list[dict]:
+        tokens, truncated = spec.encode([t for texts in items for t in texts])
+        vectors, padded = spec.encode_sorted(self._encoder, tokens, self.max_tokens)
+        self.metrics.batch(sum(map(len, tokens)), padded, truncated)
+        parts = bk.split_rows(vectors, [len(texts) for texts in items], spec.EMBEDDING)
+        return [{spec.EMBEDDING: part} for part in parts]
+
+    def execute(self, requests):
+        """Every text of every request in one tokenizer call and sorted encoder runs."""
+        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len, isolate=True)
