@@ -1,9 +1,9 @@
-"""TEXT → EMBEDDING in one Python-backend model: tokenize, then the encoder graph, in one stub.
+"""The text models' Python-backend adapters: tokenize, and tokenize_encode (text → embedding).
 
-On a CPU, a second Python stub per request (tokenize, then an encoder stub) costs more than the
-batch it forms; here one execute tokenizes every text of every request at once, sorts them by
-length into sub-batches of at most ``max_batch_tokens`` padded positions
-(``pipelines.embedding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
+tokenize_encode exists for the CPU, where a second Python stub per request (tokenize, then an
+encoder stub) costs more than the batch it forms: one execute tokenizes every text of every
+request at once, sorts them by length into sub-batches of at most ``max_batch_tokens`` padded
+positions (``pipelines.embedding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
 onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.onnx``.
 """
 
@@ -19,21 +19,16 @@ from pipelines.backend import batching as bk
 from pipelines.backend import metrics
 
 
-class TokenizeEncodeModel:
-    """One response per request, in order; a bad text fails only its own request."""
+class TokenizeModel:
+    """tokenize: UTF-8 texts → word-piece ids and masks, each request padded to its own bucket.
+
+    Every text of every request goes through one tokenizer call; a bad text fails only its
+    own request.
+    """
 
     def initialize(self, args):
-        """Open the encoder's graph of this version and load the tokenizer."""
+        """Load the tokenizer before the first request; create this instance's metrics."""
         self.name = args["model_name"]
-        params = bk.parameters(args)
-        repository = Path(args["model_repository"]).parent
-        path = repository / spec.ENCODER / args["model_version"] / "model.onnx"
-        self.session = onnx_runner.create_session(
-            path,
-            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
-            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
-        )
-        self.max_tokens = int(params.get("max_batch_tokens", spec.MAX_BATCH_TOKENS))
         spec.tokenizer()
         self.metrics = metrics.TokenizeMetrics(args)
 
@@ -47,6 +42,39 @@ class TokenizeEncodeModel:
         except spec.TextError as exc:
             self.metrics.failed([exc])
             raise bk.RequestError(str(exc)) from None
+
+    def _run(self, items: list[list[str]]) -> list[dict]:
+        tokens, truncated = spec.encode([t for texts in items for t in texts])
+        outputs, start, padded = [], 0, 0
+        for texts in items:
+            # Each request padded to the bucket of its own longest text.
+            ids, mask = spec.pad(tokens[start : start + len(texts)])
+            start += len(texts)
+            padded += ids.size
+            outputs.append({spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask})
+        self.metrics.batch(sum(map(len, tokens)), padded, truncated)
+        return outputs
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len)
+
+
+class TokenizeEncodeModel(TokenizeModel):
+    """tokenize_encode: texts → embeddings; a bad text fails only its own request."""
+
+    def initialize(self, args):
+        """Open the encoder's graph of this version, then load the tokenizer as tokenize does."""
+        params = bk.parameters(args)
+        repository = Path(args["model_repository"]).parent
+        path = repository / spec.ENCODER / args["model_version"] / "model.onnx"
+        self.session = onnx_runner.create_session(
+            path,
+            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
+            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+        )
+        self.max_tokens = int(params.get("max_batch_tokens", spec.MAX_BATCH_TOKENS))
+        super().initialize(args)
 
     def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
