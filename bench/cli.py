@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -15,6 +16,7 @@ examples:
   python -m bench perf                    # short run (durations: docs/performance.md)
   python -m bench perf --full             # every model, protocol, variant and level
   python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
+  python -m bench perf --only mixed       # the same three and the raw engine, mixed lengths
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
@@ -39,8 +41,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--only",
-        choices=("embed-peers",),
-        help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32",
+        choices=("embed-peers", "mixed"),
+        help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32; "
+        "mixed: only their mixed-length rows (c=8/32) and the raw engine's",
     )
     p.add_argument(
         "--infinity-venv",
@@ -112,6 +115,24 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
             if plan.infinity_levels
             else []
         ),
+        *(
+            [
+                f"Mixed lengths: {inputs.MIXED_TEXTS} distinct texts (seed {inputs.MIXED_SEED}, "
+                "`export.text_samples.mixed_texts`: 70 % single sentences, 30 % passages of "
+                "80-250 words), one per request, at concurrency "
+                f"{plan.mixed_levels} to embed (response cache off), the FastAPI peer and "
+                "infinity-emb, with asynchronous calls, windows of at least "
+                f"{harness.MIXED_WINDOW_REQUESTS} requests (4x the concurrency where more) and "
+                f"stability {harness.RATE_STABILITY_PERCENT:g} %. Padded ÷ real tokens: embed's "
+                "pipeline_padded_tokens_total ÷ pipeline_tokens_total (its /metrics, delta over "
+                "the case), the peer's batcher counts (its /stats); infinity-emb does not "
+                "expose them. The raw engine runs the same texts in batches of "
+                f"{plan.raw_mixed_batches}: padded to each batch's longest text, and sorted "
+                "into sub-batches (`pipelines.embedding.encode_sorted`).",
+            ]
+            if plan.mixed_levels
+            else []
+        ),
         "Variants (each loaded into a fresh server with the model-control API and config "
         "overrides, no repository copy): "
         + "; ".join(f"**{v.name}**: {v.description}" for v in variants.standard(threads)),
@@ -125,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.only == "embed-peers":
             plan = harness.Plan.embed_peers()
+        elif args.only == "mixed":
+            plan = harness.Plan.mixed()
         else:
             plan = harness.Plan.full() if args.full else harness.Plan.short()
         if args.rounds:
@@ -214,6 +237,14 @@ def tune_run(args: argparse.Namespace) -> int:
     config = harness.server_config(server_cpus)
     with harness.TritonUnderTest(config, out) as triton:
         base = triton.server.config.model_config_name
+        if not tune.serves_tuned_steps(args.model, MODEL_REPOSITORY, base):
+            # Measure the candidates as the written configs will serve them (the tuned steps
+            # in the ensemble), with the base configs still the ones the overlays start from.
+            print(f"{args.model} on configs {base} does not run {tune.tuned_models(args.model)}:")
+            print(f"  measuring with --model-config-name={args.config_name} instead")
+            triton.close()
+            triton.config = dataclasses.replace(config, model_config_name=args.config_name)
+            triton.start()
 
         def load(candidate: tune.Candidate) -> None:
             # Each candidate in a fresh server; the computed path (perf_analyzer repeats its

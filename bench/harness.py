@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import tritonclient.http as http
 
 from bench import affinity, infinity, inputs, perf_analyzer, stats, variants
-from export import text_samples
+from export import model_config, text_samples
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
@@ -48,14 +49,50 @@ COUNT_WINDOWS = ["--measurement-mode=count_windows", "--measurement-request-coun
 # always completes").
 RATE_WINDOW_REQUESTS = 150
 RATE_STABILITY_PERCENT = 30.0
-# Models whose statistics each measurement records (formed batches, time in the server).
+# Mixed-length texts: windows of at least this many requests (four times the concurrency where
+# that is more), judged with the rate sweeps' stability. A server that pads passages into every
+# batch answers a few texts per second, and a time window of a second then records none; a
+# window of a few batches swings with the passages each happened to hold.
+MIXED_WINDOW_REQUESTS = 64
+# Models whose statistics points.csv has columns for (formed batches, time in the server); each
+# server is asked about those it loads (``stats_models``): embed's steps depend on the configs.
 STATS_MODELS = (
     *MODELS,
     embedding.ENSEMBLE,
     embedding.TOKENIZE,
     embedding.ENCODER,
+    embedding.TOKENIZE_ENCODE,
     embedding.GRAPH_ENSEMBLE,
 )
+# The embed steps that count real and padded tokens (pipeline_*tokens_total): the one that pads.
+PADDING_STEPS = (embedding.TOKENIZE_ENCODE, embedding.TOKENIZE)
+
+
+def ensemble_steps(model: str, config_name: str | None) -> list[tuple[str, int]]:
+    """(step model, version) of an ensemble as the server renders it for ``config_name``.
+
+    Version -1 means the model's latest. On the CPU configs embed is one step,
+    tokenize_encode; on others it is tokenize, then encoder.
+    """
+    config = model_config.resolve(MODEL_REPOSITORY / model, config_name)
+    return [(s.model_name, s.model_version) for s in config.ensemble_scheduling.step]
+
+
+def stats_models(config_name: str | None) -> tuple[str, ...]:
+    """The models of STATS_MODELS that a server with these configs loads."""
+    steps = {name for m in EMBED_MODELS for name, _ in ensemble_steps(m, config_name)}
+    embed_steps = (embedding.TOKENIZE, embedding.ENCODER, embedding.TOKENIZE_ENCODE)
+    return tuple(m for m in STATS_MODELS if m not in embed_steps or m in steps)
+
+
+def padding_step(model: str, config_name: str | None) -> tuple[str, str | None]:
+    """(step, version label or None for all) whose token counters tell ``model``'s padding."""
+    for name, version in ensemble_steps(model, config_name):
+        if name in PADDING_STEPS:
+            return name, str(version) if version > 0 else None
+    raise LookupError(f"{model} has no step that counts tokens under configs {config_name!r}")
+
+
 ENCODERS = {
     name: MODEL_REPOSITORY / embedding.ENCODER / version / "model.onnx"
     for name, version in zip(EMBED_MODELS, ("1", "2"), strict=True)
@@ -73,7 +110,9 @@ class Case:
     payload: str  # binary | json | openai (an OpenAI-style /embeddings request body)
     mode: str  # concurrency | rate
     level: float
-    dataset: str = "samples"  # or "repeated": one input over and over (response-cache hits)
+    # "samples": the short sentences; "repeated": one input over and over (response-cache
+    # hits); "mixed": distinct sentences and passages (inputs.mixed_texts).
+    dataset: str = "samples"
     calls: str = "sync"  # perf_analyzer's calls: sync, or async (its OpenAI client has no other)
 
     def label(self) -> str:
@@ -91,8 +130,9 @@ class Case:
 class Plan:
     """What a run measures. ``short()``: the default run, infinity-emb's rows included.
 
-    Those add 10 load levels and one infinity-emb start per round, and its installation on first
-    use; ``full()`` is everything. How long each takes: docs/performance.md#how-long-a-run-takes.
+    Those add 12 load levels (2 of them mixed-length) and one infinity-emb start per round, and
+    its installation on first use; ``full()`` is everything. How long each takes:
+    docs/performance.md#how-long-a-run-takes.
     """
 
     rounds: int
@@ -118,6 +158,11 @@ class Plan:
     # also driven with asynchronous calls at the same levels, for ratios in one calling mode.
     infinity_levels: list[int] = field(default_factory=list)
     raw: bool = True  # measure the raw engine each round
+    # Mixed-length texts: embed, the FastAPI peer and infinity-emb at these concurrencies, all
+    # with asynchronous calls (infinity's client has no other), and the raw engine over the
+    # same texts at these batch sizes.
+    mixed_levels: list[int] = field(default_factory=list)
+    raw_mixed_batches: list[int] = field(default_factory=list)
     # A perf_analyzer run that has not finished by then is a hung server: the case fails.
     case_timeout_s: float = 300.0
 
@@ -141,7 +186,9 @@ class Plan:
                 (embedding.ENSEMBLE, "http", "json"): [1, 8, 16, 32],
                 ("embed_int8", "grpc", "binary"): [16],
                 (embedding.GRAPH_ENSEMBLE, "grpc", "binary"): [1, 16],
-                (embedding.GRAPH_ENSEMBLE, "http", "json"): [1, 8, 16, 32],
+                # c=16 of embed_graph and of the peer were dropped for the mixed rows: no target
+                # names it (embed keeps it for the response-cache ratio).
+                (embedding.GRAPH_ENSEMBLE, "http", "json"): [1, 8, 32],
             },
             others={
                 "no-batching": [(spec.ENSEMBLE, "grpc", [16]), (spec.CLASSIFIER, "grpc", [16])],
@@ -151,7 +198,7 @@ class Plan:
             rate_targets=[(spec.ENSEMBLE, "grpc")],
             peer_levels={
                 spec.CLASSIFIER: {"binary": [16], "json": [16]},
-                embedding.ENSEMBLE: {"json": [1, 8, 16, 32]},
+                embedding.ENSEMBLE: {"json": [1, 8, 32]},
             },
             null_levels=[16],
             # JSON is where the generator nears its ceiling, so that ceiling is the one measured.
@@ -160,6 +207,8 @@ class Plan:
             raw_model_batches=[1, 4, 8, 16, 32],
             raw_pipeline_batches=[1, 8],
             infinity_levels=[1, 8, 32],
+            mixed_levels=[8, 32],
+            raw_mixed_batches=[8, 32],
         )
 
     @classmethod
@@ -176,10 +225,32 @@ class Plan:
             null_levels=[32],
             null_payloads=("json",),
             cache_levels=[],
+            # The raw engine's embed curves only: the limits the embedding targets name.
             raw_model_batches=[],
             raw_pipeline_batches=[],
             infinity_levels=levels,
-            raw=False,
+            mixed_levels=[8, 32],
+            raw_mixed_batches=[8, 32],
+        )
+
+    @classmethod
+    def mixed(cls) -> Plan:
+        """Only the mixed-length rows: embed, the FastAPI peer, infinity-emb and the raw engine."""
+        return cls(
+            rounds=2,
+            main={},
+            others={},
+            rate_fractions=[],
+            rate_targets=[],
+            peer_levels={embedding.ENSEMBLE: {"json": []}},
+            null_levels=[],
+            null_payloads=(),
+            cache_levels=[],
+            raw_model_batches=[],
+            raw_pipeline_batches=[],
+            raw_embed_batches=[],
+            mixed_levels=[8, 32],
+            raw_mixed_batches=[8, 32],
         )
 
     @classmethod
@@ -217,6 +288,8 @@ class Plan:
             raw_seconds=3.0,
             measurement_ms=3000,
             infinity_levels=levels,
+            mixed_levels=levels,
+            raw_mixed_batches=[1, 8, 16, 32, 64],
         )
 
     def triton_cases(self, variant: str) -> Iterator[Case]:
@@ -229,6 +302,8 @@ class Plan:
                 yield Case(
                     "triton", variant, EMBED, "http", "json", "concurrency", level, calls="async"
                 )
+            for level in self.mixed_levels:
+                yield mixed_case("triton", level, variant)
         for model, protocol, levels in self.others.get(variant, []):
             for level in levels:
                 yield Case("triton", variant, model, protocol, "binary", "concurrency", level)
@@ -245,9 +320,19 @@ class Plan:
         rates = len(self.rate_fractions) * len(self.rate_targets)
         # infinity, and the FastAPI peer with async calls, at its levels; its null twin.
         infinity = 2 * len(self.infinity_levels) + (
-            len(OPENAI_NULL_LEVELS) if self.infinity_levels else 0
+            len(OPENAI_NULL_LEVELS) if self.infinity_levels or self.mixed_levels else 0
         )
-        return n + rates + peers + nulls + len(self.cache_levels) + infinity
+        # embed, the FastAPI peer and infinity-emb over the mixed texts.
+        mixed = 3 * len(self.mixed_levels)
+        return n + rates + peers + nulls + len(self.cache_levels) + infinity + mixed
+
+
+def mixed_case(system: str, level: int, variant: str = "-") -> Case:
+    """A mixed-length case: HTTP, asynchronous calls, JSON (OpenAI-style for infinity-emb)."""
+    payload = "openai" if system == "infinity" else "json"
+    return Case(
+        system, variant, EMBED, "http", payload, "concurrency", level, "mixed", calls="async"
+    )
 
 
 def perf_args(case: Case) -> list[str]:
@@ -255,11 +340,35 @@ def perf_args(case: Case) -> list[str]:
     # Cache hits answer in microseconds; perf_analyzer's time windows then never finish
     # (seen here with 2.51 at concurrency 16), so count requests instead.
     extra = list(COUNT_WINDOWS) if case.dataset == "repeated" else []
+    if case.dataset == "mixed":
+        count = max(MIXED_WINDOW_REQUESTS, 4 * int(case.level))
+        extra = ["--measurement-mode=count_windows", f"--measurement-request-count={count}"]
     if case.payload == "openai":
         extra += infinity.PERF_ARGS  # its OpenAI client: /embeddings, asynchronous calls
     elif case.calls == "async":
         extra.append("--async")
     return extra
+
+
+def peer_token_counts(url: str, model: str = EMBED) -> tuple[float, float]:
+    """(real, padded) tokens the FastAPI peer's batcher has run so far (its statistics)."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=10) as response:
+        entry = json.load(response)["model_stats"][0]
+    counts = entry["token_stats"]
+    return counts["tokens"], counts["padded_tokens"]
+
+
+def _token_counter(
+    case: Case, triton: TritonUnderTest | None, url: str
+) -> Callable[[], tuple[float, float]] | None:
+    """How to read the real and padded tokens of the server a case measures, if it counts them."""
+    if case.model not in EMBED_MODELS or case.dataset == "repeated":
+        return None
+    if case.system == "triton" and triton is not None:
+        return lambda: triton.token_counts(case.model)
+    if case.system == "peer":
+        return lambda: peer_token_counts(url, case.model)
+    return None  # infinity-emb's /metrics has HTTP request metrics only; the null peers run none
 
 
 def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
@@ -279,6 +388,8 @@ class Row:
     point: perf_analyzer.Point | None
     error: str = ""
     deltas: dict[str, stats.ModelDelta] = field(default_factory=dict)
+    # (real, padded) token positions the embedding server ran meanwhile, where it counts them.
+    tokens: tuple[float, float] | None = None
 
     def flat(self) -> dict:
         """One CSV line."""
@@ -295,6 +406,9 @@ class Row:
         out["classifier_batch_histogram"] = (
             json.dumps(classifier.batch_histogram) if classifier else ""
         )
+        ensemble = self.deltas.get(self.case.model)
+        out["cache_hits"] = ensemble.cache_hits if ensemble else ""
+        out["tokens"], out["padded_tokens"] = self.tokens or ("", "")
         out["error"] = self.error
         return out
 
@@ -336,14 +450,20 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
     ]
     if encoders:
         cmd += [f"--encoder={name}={path}" for name, path in ENCODERS.items()]
+    if encoders and plan.raw_mixed_batches:
+        cmd += [
+            f"--mixed-encoder={ENCODERS[EMBED]}",
+            "--mixed-batches=" + ",".join(map(str, plan.raw_mixed_batches)),
+        ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"raw engine failed ({done.returncode}):\n{done.stderr[-3000:]}")
     raw = json.loads(done.stdout)
+    # A curve of no batch sizes is left out: it was not measured.
     return {
         kind: {int(k): v for k, v in curve.items()}
         for kind, curve in raw.items()
-        if isinstance(curve, dict)
+        if isinstance(curve, dict) and curve
     }
 
 
@@ -371,6 +491,7 @@ class Runner:
         self.progress = progress
         self.rows: list[Row] = []
         self.raw: list[dict] = []
+        self.mixed_data: dict[str, Path] = {}  # payload -> the mixed-length inputs (``run``)
         self.done = 0
         self.restarts = 0  # times the server died and was started again
         self.triton: TritonUnderTest | None = None  # the server being measured, while running
@@ -415,21 +536,27 @@ class Runner:
             cpus=self.client_cpus,
             extra=perf_args(case),
         )
+        if case.dataset == "mixed":
+            run.stability_percent = RATE_STABILITY_PERCENT
         if case.mode == "rate":
             count = max(RATE_WINDOW_REQUESTS, int(case.level * self.plan.measurement_ms / 1000))
             run.stability_percent = RATE_STABILITY_PERCENT
             run.extra = ["--measurement-mode=count_windows", f"--measurement-request-count={count}"]
-        point, error, deltas = None, "", {}
+        point, error, deltas, tokens = None, "", {}, None
+        counts = _token_counter(case, triton, url)
         try:
             before = triton.statistics() if triton else None
+            tokens_before = counts() if counts else None
             point = perf_analyzer.measure(run, case.level, timeout=self.plan.case_timeout_s)
             deltas = stats.delta(before, triton.statistics()) if triton else {}
+            if counts:
+                tokens = tuple(b - a for a, b in zip(tokens_before, counts(), strict=True))
         except Exception as exc:  # noqa: BLE001 - one case must never end the run
             error = f"{type(exc).__name__}: {exc}"
             trouble = triton.trouble() if triton is not None else None
             if trouble:
                 error = f"{trouble}\n{error}"
-        return self._record(Row(round_, case, point, error, deltas))
+        return self._record(Row(round_, case, point, error, deltas, tokens))
 
     def _record(self, row: Row) -> Row:
         self.rows.append(row)
@@ -451,6 +578,10 @@ class Runner:
         }
         repeated = inputs.write(embedding.ENSEMBLE, data_dir, repeated=True)
         openai_data = inputs.write(embedding.ENSEMBLE, data_dir, openai=True)
+        self.mixed_data = {
+            "json": inputs.write(EMBED, data_dir, mixed=True),
+            "openai": inputs.write(EMBED, data_dir, mixed=True, openai=True),
+        }
         threads = len(self.server_cpus)
         all_variants = variants.standard(threads)
         with TritonUnderTest(server_config(self.server_cpus), self.out_dir) as triton:
@@ -480,6 +611,8 @@ class Runner:
                     for case in self.plan.triton_cases(variant.name):
                         # Never without a file: perf_analyzer would make up random inputs.
                         source = (json_data if case.payload == "json" else data)[case.model]
+                        if case.dataset == "mixed":
+                            source = self.mixed_data[case.payload]
                         self._measure(r, case, source, triton)
                     if variant.name == "batching":
                         self._rate_sweep(r, data, triton)
@@ -503,7 +636,7 @@ class Runner:
                     m: {"json": json_data[m], "binary": data[m]} for m in self.plan.peer_levels
                 }
                 self._peers(r, peer_data, threads)
-                if self.plan.infinity_levels:
+                if self.plan.infinity_levels or self.plan.mixed_levels:
                     self._infinity(r, openai_data)
             self.restarts = triton.deaths
 
@@ -524,7 +657,7 @@ class Runner:
         cases = [
             Case("infinity", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
             for level in self.plan.infinity_levels
-        ]
+        ] + [mixed_case("infinity", level) for level in self.plan.mixed_levels]
         server = None
         if self._infinity_failure is None:
             self.progress(f"  infinity-emb {infinity.VERSION} from {self.infinity_venv}")
@@ -543,7 +676,8 @@ class Runner:
                 if not self._infinity_checked:
                     self._check_infinity(server)
                 for case in cases:
-                    self._measure(round_, case, data, url=server.url)
+                    source = self.mixed_data["openai"] if case.dataset == "mixed" else data
+                    self._measure(round_, case, source, url=server.url)
             finally:
                 server.stop()
         null_cases = [
@@ -653,6 +787,7 @@ class Runner:
                         )
                         for level in self.plan.infinity_levels
                     ]
+                    cases += [mixed_case(system, level) for level in self.plan.mixed_levels]
                 if not cases:
                     continue
                 peer = PeerServer(
@@ -668,7 +803,10 @@ class Runner:
                     self._pin(round_, f"FastAPI peer ({model})", peer.process.pid)
                 try:
                     for case in cases:
-                        self._measure(round_, case, data[model][case.payload], url=peer.url)
+                        source = data[model][case.payload]
+                        if case.dataset == "mixed":
+                            source = self.mixed_data[case.payload]
+                        self._measure(round_, case, source, url=peer.url)
                 finally:
                     peer.stop()
 
@@ -795,8 +933,15 @@ class TritonUnderTest:
         self.client.load_model(embedding.GRAPH_ENSEMBLE, headers=admin)
 
     def statistics(self) -> dict[str, dict]:
-        """Statistics of every model the report reads."""
-        return stats.snapshot(self.client, STATS_MODELS)
+        """Statistics of every model the report reads that this server loads."""
+        return stats.snapshot(self.client, stats_models(self.server.config.model_config_name))
+
+    def token_counts(self, model: str) -> tuple[float, float]:
+        """(real, padded) tokens that ``model``'s padding step has counted so far."""
+        step, version = padding_step(model, self.server.config.model_config_name)
+        with urllib.request.urlopen(self.server.metrics_url, timeout=10) as response:
+            page = response.read().decode()
+        return stats.token_counts(page, step, version)
 
     def close(self) -> None:
         """Stop the server; nothing it started stays behind."""

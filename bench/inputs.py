@@ -16,6 +16,15 @@ from pipelines import embedding, image
 # The embedding service's traffic: short queries, each its own request.
 EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")  # ensembles with a response cache
 TEXT_MODELS = (*EMBED_MODELS, embedding.GRAPH_ENSEMBLE)
+# Mixed-length traffic (export.text_samples.mixed_texts): more texts than a run's mixed cases
+# send, so that none repeats within a run (and no answer could come from a cache).
+MIXED_TEXTS = 4000
+MIXED_SEED = 0
+
+
+def mixed_texts() -> list[str]:
+    """The mixed-length texts every server gets, in the same order."""
+    return text_samples.mixed_texts(MIXED_TEXTS, MIXED_SEED)
 
 
 def _string_element(data: bytes) -> str:
@@ -74,14 +83,20 @@ def json_entries(model: str) -> list[dict]:
     ]
 
 
-def openai_entries(model: str) -> list[dict]:
+def text_entries(texts: list[str]) -> list[dict]:
+    """One ``TEXT`` request per text (KServe v2, binary or JSON alike)."""
+    return [{embedding.TEXT: {"content": [t], "shape": [1]}} for t in texts]
+
+
+def openai_entries(model: str, texts: list[str] | None = None) -> list[dict]:
     """The same texts as OpenAI-style /embeddings bodies (perf_analyzer's ``openai`` client).
 
-    One text per request, under ``model``, in the same order as ``entries``.
+    One text per request, under ``model``, in the same order as ``entries`` (or ``texts``).
     """
     if model not in TEXT_MODELS:
         raise KeyError("OpenAI-style bodies are made for the text models only")
-    return [{"payload": [{"model": model, "input": [t]}]} for t in text_samples.SENTENCES]
+    texts = list(text_samples.SENTENCES) if texts is None else texts
+    return [{"payload": [{"model": model, "input": [t]}]} for t in texts]
 
 
 def write(
@@ -91,9 +106,19 @@ def write(
     as_json: bool = False,
     repeated: bool = False,
     openai: bool = False,
+    mixed: bool = False,
 ) -> Path:
-    """Write ``<model>[-json|-repeated|-openai].json`` into ``directory``; return its path."""
-    if openai:
+    """Write ``<model>[-mixed][-json|-repeated|-openai].json`` into ``directory``; its path.
+
+    ``mixed``: the mixed-length texts (``mixed_texts``) instead of the short sample sentences.
+    """
+    if mixed and model not in TEXT_MODELS:
+        raise KeyError("mixed-length texts are made for the text models only")
+    if mixed:
+        texts = mixed_texts()
+        data = openai_entries(model, texts) if openai else text_entries(texts)
+        suffix = "-mixed-openai" if openai else "-mixed"
+    elif openai:
         data, suffix = openai_entries(model), "-openai"
     elif repeated:
         data, suffix = repeated_text(), "-repeated"

@@ -20,9 +20,12 @@ from export import samples
 from pipelines import image
 
 
-def throughput(step: Callable[[], None], items_per_step: int, seconds: float) -> float:
+def throughput(
+    step: Callable[[], None], items_per_step: int, seconds: float, warm_up: bool = True
+) -> float:
     """Items per second of ``step`` over at least ``seconds`` (after one warm-up call)."""
-    step()
+    if warm_up:
+        step()
     done, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds or done == 0:
         step()
@@ -70,7 +73,8 @@ def embed_curve(
 
     def step(batch: list[str]) -> None:
         tokens, _ = embedding.encode(batch)
-        ids, mask = embedding.pad(tokens)
+        # To the batch's longest text, not to a tokenizer bucket: what a plain batcher runs.
+        ids, mask = embedding.pad(tokens, max(map(len, tokens)))
         feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
         onnx_runner.run(session, feeds, [embedding.EMBEDDING])
 
@@ -79,6 +83,64 @@ def embed_curve(
         batch = [texts[i % len(texts)] for i in range(bs)]
         curve[bs] = throughput(lambda b=batch: step(b), bs, seconds)
     return curve
+
+
+def mixed_curves(
+    onnx_path: Path, threads: int, texts: Sequence[str], batch_sizes: Sequence[int], seconds: float
+) -> dict[str, dict[int, float]]:
+    """The embed pipeline over mixed-length texts, per batch size: two ways to batch them.
+
+    Consecutive texts form each batch (tokenized in the measured step, as a server does), which
+    is then run (a) as one run padded to its longest text, as a plain batcher does
+    ("mixed_padded"), or (b) sorted into sub-batches by ``pipelines.embedding.encode_sorted``
+    ("mixed_sorted"). Texts/s of each, and padded ÷ real token positions over all the batches
+    of ``texts`` ("mixed_padded_ratio", "mixed_sorted_ratio").
+    """
+    from pipelines import embedding, onnx_runner
+
+    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
+
+    def encoder(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
+
+    def padded_run(tokens: list[list[int]]) -> int:
+        ids, mask = embedding.pad(tokens, max(map(len, tokens)))
+        encoder(ids, mask)
+        return ids.size
+
+    def sorted_run(tokens: list[list[int]]) -> int:
+        return embedding.encode_sorted(encoder, tokens)[1]
+
+    all_tokens, _ = embedding.encode(list(texts))
+    padded_run(all_tokens[:8])  # the first run allocates and plans
+    out: dict[str, dict[int, float]] = {}
+    for name, run in (("mixed_padded", padded_run), ("mixed_sorted", sorted_run)):
+        out[name], out[f"{name}_ratio"] = {}, {}
+        for bs in batch_sizes:
+            batches = [list(texts[i : i + bs]) for i in range(0, len(texts) - bs + 1, bs)]
+            position = iter(range(10**9))
+
+            def step(batches=batches, position=position, run=run) -> None:
+                tokens, _ = embedding.encode(batches[next(position) % len(batches)])
+                run(tokens)
+
+            # One padded batch of passages takes seconds: warmed up once (above), not per size.
+            out[name][bs] = throughput(step, bs, seconds, warm_up=False)
+            covered = [all_tokens[i : i + bs] for i in range(0, len(texts) - bs + 1, bs)]
+            positions = sum(_positions(name, t) for t in covered)
+            out[f"{name}_ratio"][bs] = positions / sum(sum(map(len, t)) for t in covered)
+    return out
+
+
+def _positions(name: str, tokens: list[list[int]]) -> int:
+    """Token positions one batch feeds the encoder, padding included, batched as ``name``."""
+    from pipelines import embedding
+
+    if name == "mixed_padded":
+        return len(tokens) * max(map(len, tokens))
+    lengths = [len(t) for t in tokens]
+    return sum(len(run) * lengths[run[-1]] for run in embedding.sub_batches(lengths))
 
 
 def padding_effect(
@@ -140,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--embed-batches", default="1,8,32")
     p.add_argument(
+        "--mixed-encoder",
+        type=Path,
+        help="encoder ONNX to measure the embed pipeline with over mixed-length texts",
+    )
+    p.add_argument("--mixed-batches", default="8,32")
+    p.add_argument(
         "--padding-effect",
         metavar="ENCODER_ONNX",
         type=Path,
@@ -160,6 +228,18 @@ def main(argv: list[str] | None = None) -> int:
         name, _, path = spec_.partition("=")
         result[name] = embed_curve(
             Path(path), args.threads, sizes(args.embed_batches), args.seconds
+        )
+    if args.mixed_encoder:
+        from bench import inputs
+
+        result.update(
+            mixed_curves(
+                args.mixed_encoder,
+                args.threads,
+                inputs.mixed_texts(),
+                sizes(args.mixed_batches),
+                args.seconds,
+            )
         )
     json.dump(result, sys.stdout)
     return 0

@@ -199,11 +199,28 @@ def _vs_peer_at(
 
 # The same texts with asynchronous calls (perf_analyzer's OpenAI client has no other mode).
 EMBED_ASYNC = dict(
-    system="triton", variant="batching", model=EMB, protocol="http", payload="json", calls="async"
+    system="triton",
+    variant="batching",
+    model=EMB,
+    protocol="http",
+    payload="json",
+    calls="async",
+    dataset="samples",
 )
-PEER_ASYNC = dict(system="peer", model=EMB, protocol="http", payload="json", calls="async")
-INFINITY = dict(system="infinity", model=EMB, payload="openai")
+PEER_ASYNC = dict(
+    system="peer", model=EMB, protocol="http", payload="json", calls="async", dataset="samples"
+)
+INFINITY = dict(system="infinity", model=EMB, payload="openai", dataset="samples")
 INFINITY_TARGET = 1.5  # embed ≥ 1.5x infinity-emb held to the same core
+# Mixed-length texts (sentences and passages), every server with asynchronous calls.
+MIXED = {
+    name: {**match, "dataset": "mixed"}
+    for name, match in (
+        ("embed", EMBED_ASYNC),
+        ("FastAPI peer", PEER_ASYNC),
+        ("infinity-emb", INFINITY),
+    )
+}
 
 
 def _vs_infinity(
@@ -253,6 +270,35 @@ def _generator_headroom(
 
 def _raw_best(kind: str) -> Callable[[dict], float | None]:
     return lambda raw: max(raw[kind].values()) if raw.get(kind) else None
+
+
+def padding_ratio(row: dict | None) -> float | None:
+    """Padded ÷ real token positions a row's server ran (None where it does not count them)."""
+    if not row or row.get("tokens") in ("", None) or not row["tokens"]:
+        return None
+    return row["padded_tokens"] / row["tokens"]
+
+
+def _mixed(server: str, level: int, field: str = "throughput", vs: str | None = None):
+    """A mixed-length row's ``field`` (or padded ÷ real), or its ratio to server ``vs``'s."""
+
+    def value(rows, name):
+        row = one(rows, **MIXED[name], mode="concurrency", level=float(level))
+        return padding_ratio(row) if field == "padding" else row and row[field]
+
+    def compute(rows, raw):
+        ours = value(rows, server)
+        return ours if vs is None else _ratio(ours, value(rows, vs))
+
+    return compute
+
+
+def _short_saturated(rows, raw) -> float | None:
+    """Embed's best texts/s on short texts, any protocol ÷ the raw engine at its best batch."""
+    served = _saturated(
+        rows, system="triton", variant="batching", model=EMB, dataset="samples", mode="concurrency"
+    )
+    return _ratio(served, _raw_best("embed")(raw))
 
 
 METRICS = [
@@ -442,17 +488,75 @@ METRICS = [
 ]
 
 
+# The embedding service's targets, each a ratio within one round (docs/performance.md).
+TARGETS = [
+    *(
+        Metric(
+            f"short texts, c={level}: embed ÷ FastAPI batcher, texts/s",
+            _vs_peer_at(EMB, level),
+            target=1.0,
+            needs_headroom=("json", EMB),
+        )
+        for level in (8, 32)
+    ),
+    *(
+        Metric(
+            f"short texts, c={level}: embed p99 ÷ FastAPI batcher p99",
+            _vs_peer_at(EMB, level, "p99_ms"),
+            target=1.1,
+            higher_is_better=False,
+        )
+        for level in (8, 32, 1)
+    ),
+    Metric(
+        "short texts, saturation: embed ÷ raw engine at its best batch (padded to the longest)",
+        _short_saturated,
+        target=0.95,
+    ),
+    *(
+        Metric(
+            f"mixed lengths, c={level}: embed ÷ {other}, texts/s",
+            _mixed("embed", level, vs=other),
+            target=2.0,
+        )
+        for level in (8, 32)
+        for other in ("FastAPI peer", "infinity-emb")
+    ),
+    *(
+        Metric(
+            f"mixed lengths, c={level}: embed p99 ÷ {other} p99",
+            _mixed("embed", level, "p99_ms", vs=other),
+            target=1.0,
+            higher_is_better=False,
+        )
+        for level in (8, 32)
+        for other in ("FastAPI peer", "infinity-emb")
+    ),
+    *(
+        Metric(
+            f"mixed lengths, c={level}: embed padded ÷ real tokens",
+            _mixed("embed", level, "padding"),
+            target=1.2,
+            higher_is_better=False,
+        )
+        for level in (8, 32)
+    ),
+]
+
+
 def summarize(values: list[float]) -> tuple[float, float, float]:
     """(median, min, max)."""
     return statistics.median(values), min(values), max(values)
 
 
-def metric_table(rows: list[dict], raw: dict[int, dict]) -> list[dict]:
-    """Each metric per round, then its median and spread over rounds."""
+def metric_table(
+    rows: list[dict], raw: dict[int, dict], metrics: list[Metric] | None = None
+) -> list[dict]:
+    """Each metric (default: METRICS) per round, then its median and spread over rounds."""
     table = []
     # Runs without the raw engine (``--only embed-peers``) have rounds with rows and no curves.
     rounds = {n: raw.get(n, {}) for n in sorted(set(raw) | {r["round"] for r in rows})}
-    for metric in METRICS:
+    for metric in METRICS if metrics is None else metrics:
         values = []
         for round_, curves in rounds.items():
             try:
@@ -509,7 +613,14 @@ def case_table(rows: list[dict]) -> list[dict]:
     out = []
     for key, members in groups.items():
         entry = dict(zip(CASE_FIELDS, key, strict=True))
-        for field in ("throughput", "p50_ms", "p99_ms", f"{CLS}_avg_batch", "encoder_avg_batch"):
+        for field in (
+            "throughput",
+            "p50_ms",
+            "p99_ms",
+            f"{CLS}_avg_batch",
+            "encoder_avg_batch",
+            f"{embedding.TOKENIZE_ENCODE}_avg_batch",
+        ):
             values = [m[field] for m in members if m.get(field) not in ("", None)]
             entry[field] = summarize(values) if values else None
         out.append(entry)
@@ -590,18 +701,92 @@ def embedding_servers(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_markdown(
-    path: Path, rows: list[dict], raw: dict[int, dict], method: list[str], plots: list[Path]
-) -> Path:
-    """The report: method first, then targets, raw curves, every case, plots."""
-    lines = ["# Performance report", "", "## Method", ""] + [f"- {m}" for m in method] + [""]
-    lines += [
-        "## Targets (median over rounds, [min – max])",
+def _per_round(rows: list[dict], compute, raw: dict[int, dict] | None = None) -> list[float]:
+    values = []
+    for n in sorted({r["round"] for r in rows}):
+        value = compute([r for r in rows if r["round"] == n], (raw or {}).get(n, {}))
+        if value is not None:
+            values.append(value)
+    return values
+
+
+def mixed_lengths(rows: list[dict], raw: dict[int, dict]) -> list[str]:
+    """The mixed-length table: each server's texts/s, p99 and padding; ratios; raw limits."""
+    mixed = [r for r in rows if r["dataset"] == "mixed"]
+    if not mixed:
+        return []
+    levels = sorted({r["level"] for r in mixed})
+    lines = [
         "",
-        "| metric | measured | target | met |",
-        "|---|---|---|---|",
+        "## Mixed lengths (median [min – max] over rounds)",
+        "",
+        "70 % single sentences, 30 % passages of 80-250 words, every text distinct "
+        "(`export.text_samples.mixed_texts`), one per request, asynchronous calls, every server "
+        "on the same cores, embed's response cache off. Padded ÷ real: token positions the "
+        "encoder ran over the real word pieces (embed: pipeline_padded_tokens_total ÷ "
+        "pipeline_tokens_total over the case; the FastAPI peer: its batcher's counts).",
+        "",
+        "| server | concurrency | texts/s | p50 ms | p99 ms | padded ÷ real |",
+        "|---|---|---|---|---|---|",
     ]
-    for item in metric_table(rows, raw):
+    for level in levels:
+        for name, match in MIXED.items():
+            found = find(rows, **match, mode="concurrency", level=level)
+            cells = [
+                _median_cell([r[f] for r in found], d)
+                for f, d in (("throughput", 1), ("p50_ms", 2), ("p99_ms", 2))
+            ]
+            padding = [p for p in map(padding_ratio, found) if p is not None]
+            cells.append(
+                _median_cell(padding, 2)
+                if padding
+                else ("not observable" if name == "infinity-emb" else "not measured")
+            )
+            errors = [
+                r["error"]
+                for r in rows
+                if r["system"] == match["system"] and r["dataset"] == "mixed" and r["error"]
+            ]
+            if not found and errors:
+                cells = [f"not measured: {errors[0].splitlines()[0]}", "", "", ""]
+            lines.append(f"| {name} | {level:g} | " + " | ".join(cells) + " |")
+    lines += ["", "| ratio | " + " | ".join(f"c={v:g}" for v in levels) + " |"]
+    lines.append("|---|" + "---|" * len(levels))
+    for label, field, other in (
+        ("embed ÷ FastAPI peer, texts/s", "throughput", "FastAPI peer"),
+        ("embed ÷ infinity-emb, texts/s", "throughput", "infinity-emb"),
+        ("embed ÷ FastAPI peer, p99", "p99_ms", "FastAPI peer"),
+        ("embed ÷ infinity-emb, p99", "p99_ms", "infinity-emb"),
+    ):
+        cells = [
+            _median_cell(_per_round(rows, _mixed("embed", int(v), field, vs=other)), 2)
+            for v in levels
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    kinds = (("padded to its longest text", "mixed_padded"), ("sorted sub-batches", "mixed_sorted"))
+    if any(kind in curves for curves in raw.values() for _, kind in kinds):
+        lines += [
+            "",
+            "Raw engine in-process over the same texts (tokenize + encoder, one process, the "
+            "server's cores and threads), consecutive texts per batch:",
+            "",
+            "| batching | batch size | texts/s | padded ÷ real |",
+            "|---|---|---|---|",
+        ]
+        for label, kind in kinds:
+            sizes = sorted({bs for curves in raw.values() for bs in curves.get(kind, {})})
+            for bs in sizes:
+                cells = [
+                    _median_cell([c[k][bs] for c in raw.values() if bs in c.get(k, {})], d)
+                    for k, d in ((kind, 1), (f"{kind}_ratio", 2))
+                ]
+                lines.append(f"| {label} | {bs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _metric_lines(table: list[dict]) -> list[str]:
+    lines = []
+    for item in table:
         metric = item["metric"]
         if not item["values"]:
             lines.append(f"| {metric.name} | not measured | | |")
@@ -620,18 +805,48 @@ def write_markdown(
             met = "n/a: capped by the load generator (headroom < 2)"
         note = f" ({metric.note})" if metric.note else ""
         lines.append(f"| {metric.name}{note} | {measured} | {target} | {met} |")
-    lines += embedding_servers(rows)
-    lines += [
+    return lines
+
+
+def embedding_targets(rows: list[dict], raw: dict[int, dict]) -> list[str]:
+    """The embedding service's targets, pass or fail, from ratios within each round."""
+    return [
         "",
-        "## Raw engine in-process (images/s, median over rounds)",
+        "## Embedding targets (ratios within a round; median [min – max] over rounds)",
         "",
-        "| kind | batch size | images/s |",
-        "|---|---|---|",
+        "| target | measured | target | met |",
+        "|---|---|---|---|",
+        *_metric_lines(metric_table(rows, raw, TARGETS)),
     ]
+
+
+def write_markdown(
+    path: Path, rows: list[dict], raw: dict[int, dict], method: list[str], plots: list[Path]
+) -> Path:
+    """The report: method first, then targets, raw curves, every case, plots."""
+    lines = ["# Performance report", "", "## Method", ""] + [f"- {m}" for m in method] + [""]
+    lines += [
+        "## Targets (median over rounds, [min – max])",
+        "",
+        "| metric | measured | target | met |",
+        "|---|---|---|---|",
+    ]
+    lines += _metric_lines(metric_table(rows, raw))
+    lines += embedding_targets(rows, raw)
+    lines += embedding_servers(rows)
+    lines += mixed_lengths(rows, raw)
+    if any(kind in curves for curves in raw.values() for kind in ("model", "pipeline")):
+        lines += [
+            "",
+            "## Raw engine in-process (images/s, median over rounds)",
+            "",
+            "| kind | batch size | images/s |",
+            "|---|---|---|",
+        ]
     for kind in ("model", "pipeline"):
-        sizes = sorted({bs for curves in raw.values() for bs in curves[kind]})
+        sizes = sorted({bs for curves in raw.values() for bs in curves.get(kind, {})})
         for bs in sizes:
-            values = [curves[kind][bs] for curves in raw.values() if bs in curves[kind]]
+            values = [curves[kind][bs] for curves in raw.values() if bs in curves.get(kind, {})]
             med, low, high = summarize(values)
             lines.append(f"| {kind} | {bs} | {med:.1f} [{low:.1f} – {high:.1f}] |")
     lines += [
@@ -639,7 +854,7 @@ def write_markdown(
         "## Every case (median [min – max] over rounds)",
         "",
         "| system | variant | model | protocol | payload | calls | mode | level | infer/s | "
-        "p50 ms | p99 ms | formed batch (classifier or encoder) |",
+        "p50 ms | p99 ms | formed batch (classifier, tokenize_encode or encoder) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in case_table(rows):
@@ -649,7 +864,12 @@ def write_markdown(
             return "" if v is None else f"{v[0]:.{digits}f} [{v[1]:.{digits}f} – {v[2]:.{digits}f}]"
 
         model = e["model"] + ("" if e["dataset"] == "samples" else f" [{e['dataset']}]")
-        batch_field = "encoder_avg_batch" if e["model"] in (EMB, EMB8) else f"{CLS}_avg_batch"
+        batch_field = f"{CLS}_avg_batch"
+        if e["model"] in (EMB, EMB8):
+            # The step that batches: tokenize_encode where embed is that one step.
+            batch_field = f"{embedding.TOKENIZE_ENCODE}_avg_batch"
+            if e[batch_field] is None:
+                batch_field = "encoder_avg_batch"
         lines.append(
             f"| {e['system']} | {e['variant']} | {model} | {e['protocol']} | {e['payload']} | "
             f"{e['calls']} | {e['mode']} | {e['level']:g} | {cell('throughput')} | "
@@ -761,7 +981,9 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind in ("model", "pipeline"):
-        sizes = sorted({bs for c in raw.values() for bs in c[kind]})
+        sizes = sorted({bs for c in raw.values() for bs in c.get(kind, {})})
+        if not sizes:
+            continue
         med = [
             statistics.median(c[kind][bs] for c in raw.values() if bs in c[kind]) for bs in sizes
         ]

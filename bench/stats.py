@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from pipelines.backend import metrics
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class ModelDelta:
     queue_ms: float  # per request, average
     compute_ms: float  # per request, average (input + infer + output)
     request_ms: float  # per request, average end-to-end inside the server
+    cache_hits: int = 0  # requests answered from the response cache
 
     @property
     def avg_batch(self) -> float:
@@ -89,5 +93,28 @@ def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, ModelDel
                 per_request(k) for k in ("compute_input", "compute_infer", "compute_output")
             ),
             request_ms=per_request("success"),
+            cache_hits=_ns(end, "cache_hit", "count") - _ns(start, "cache_hit", "count"),
         )
     return out
+
+
+# One sample of Prometheus' text format: name{labels} value.
+_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.eE+-]+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def token_counts(page: str, model: str, version: str | None = None) -> tuple[float, float]:
+    """(real, padded) token positions a model counted, from a ``/metrics`` page.
+
+    Sums ``pipeline_tokens_total`` and ``pipeline_padded_tokens_total`` over the series of
+    ``model`` (of ``version`` only, if given); (0, 0) where the model has none yet.
+    """
+    totals = {metrics.TOKENS: 0.0, metrics.PADDED_TOKENS: 0.0}
+    for line in page.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) not in totals:
+            continue
+        labels = dict(_LABEL.findall(match.group(2)))
+        if labels.get("model") == model and version in (None, labels.get("version")):
+            totals[match.group(1)] += float(match.group(3))
+    return totals[metrics.TOKENS], totals[metrics.PADDED_TOKENS]

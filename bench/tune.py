@@ -283,6 +283,17 @@ def tuned_models(model: str) -> tuple[str, ...]:
     return targets[model]
 
 
+def serves_tuned_steps(model: str, repository: Path, config_name: str | None) -> bool:
+    """Whether ``model`` runs the steps this tuner changes when served with ``config_name``.
+
+    embed on the CPU configs is one step, tokenize_encode, and never reaches the encoder that
+    is tuned here; its tuned configs (local-tuned) keep tokenize -> encoder.
+    """
+    config = model_config.resolve(repository / model, config_name)
+    steps = {s.model_name for s in config.ensemble_scheduling.step} or {model}
+    return set(tuned_models(model)) <= steps
+
+
 # The raw curve (bench.raw) that predicts each target's capacity.
 RAW_KIND = {spec.CLASSIFIER: "model", spec.ENSEMBLE: "pipeline", embedding.ENSEMBLE: "embed"}
 

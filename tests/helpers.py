@@ -80,3 +80,27 @@ def batched_in_some_burst(burst: Callable[[], int], requests: int, tries: int = 
     On an idle machine the first burst is batched.
     """
     return any(burst() < requests for _ in range(tries))
+
+
+def embed_report_row(round_, system, level, throughput, p99, **fields) -> dict:
+    """One CSV row of an embed benchmark as bench.report reads it (HTTP, JSON, samples, sync).
+
+    ``fields`` override or add columns (``payload``, ``calls``, ``dataset``, token counts...).
+    """
+    row = {
+        "round": round_,
+        "system": system,
+        "variant": "batching" if system == "triton" else "-",
+        "model": "embed",
+        "protocol": "http",
+        "payload": "json",
+        "mode": "concurrency",
+        "level": float(level),
+        "dataset": "samples",
+        "calls": "sync",
+        "throughput": throughput,
+        "p50_ms": p99 / 2,
+        "p99_ms": p99,
+        "error": "",
+    }
+    return {**row, **fields}

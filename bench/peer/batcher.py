@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.peer.models import Padded
 from bench.peer.stats import ModelStats, Timing
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,14 @@ class _Execution:
     outputs: list[np.ndarray | Exception]  # one per request, in order
     input_ns: int
     infer_ns: int
+    tokens: int = 0
+    padded: int = 0
+
+
+def _unpack(result: np.ndarray | Padded) -> tuple[np.ndarray, int, int]:
+    if isinstance(result, Padded):
+        return result.outputs, result.tokens, result.padded
+    return result, 0, 0
 
 
 def _join(parts: list) -> np.ndarray | list:
@@ -52,9 +61,9 @@ class MicroBatcher:
     """Collects concurrent requests into one model run in a worker thread.
 
     ``run_batch`` maps a batch of rows (an array [rows, ...], or a list of rows such as texts)
-    to [rows, ...] outputs; it is called in a single dedicated thread, one batch at a time. While
-    it runs, new requests queue up and form the next batch, so under load batches fill without
-    waiting.
+    to [rows, ...] outputs, or to ``Padded`` outputs with their token counts; it is called in a
+    single dedicated thread, one batch at a time. While it runs, new requests queue up and form
+    the next batch, so under load batches fill without waiting.
     """
 
     def __init__(
@@ -145,24 +154,26 @@ class MicroBatcher:
         batch = _join(arrays)
         ready = time.perf_counter_ns()
         try:
-            result = self.run_batch(batch)
+            result, tokens, padded = _unpack(self.run_batch(batch))
             done = time.perf_counter_ns()
             bounds = np.cumsum([len(a) for a in arrays])[:-1]
             # Row slices of a C-contiguous array are contiguous views: no copies.
             outputs: list = np.split(result, bounds)
-            return _Execution(outputs, ready - start, done - ready)
+            return _Execution(outputs, ready - start, done - ready, tokens, padded)
         except Exception as exc:
             if len(arrays) == 1:
                 return _Execution([exc], ready - start, time.perf_counter_ns() - ready)
             # Retried one by one below, so that only the culprit fails.
             log.exception("batched run of %d requests failed; retrying one by one", len(arrays))
-        outputs = []
+        outputs, tokens, padded = [], 0, 0
         for part in arrays:
             try:
-                outputs.append(self.run_batch(part))
+                output, n, m = _unpack(self.run_batch(part))
+                outputs.append(output)
+                tokens, padded = tokens + n, padded + m
             except Exception as exc:  # noqa: BLE001 - reported to its own request only
                 outputs.append(exc)
-        return _Execution(outputs, ready - start, time.perf_counter_ns() - ready)
+        return _Execution(outputs, ready - start, time.perf_counter_ns() - ready, tokens, padded)
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -181,6 +192,7 @@ class MicroBatcher:
                 execution = _Execution([exc] * len(batch), 0, 0)
             rows = sum(len(p.data) for p in batch)
             self.stats.record_execution(rows, execution.input_ns, execution.infer_ns)
+            self.stats.record_tokens(execution.tokens, execution.padded)
             for item, output in zip(batch, execution.outputs, strict=True):
                 if item.future.done():
                     continue

@@ -6,6 +6,7 @@ import abc
 import math
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,19 @@ def _count_error(name: str, count: int, shape: tuple[int, ...]) -> InferenceRequ
     return InferenceRequestError(
         f"{name} has {count} values, shape {list(shape)} needs {math.prod(shape)}"
     )
+
+
+@dataclass(frozen=True)
+class Padded:
+    """What a batch function over texts returns: its outputs and the token positions it ran.
+
+    The micro-batcher counts both (``ModelStats.tokens``, ``padded_tokens``), so the statistics say
+    how much of the encoder's work was padding.
+    """
+
+    outputs: np.ndarray  # [rows, ...]
+    tokens: int  # real word pieces of the batch's texts
+    padded: int  # positions the encoder ran: rows × the length they were padded to
 
 
 # The served models ------------------------------------------------------------------------
@@ -333,16 +347,17 @@ class EmbedModel(ServedModel):
                 raise InferenceRequestError(f"{self.input}[{i}]: {exc}") from None
         return texts
 
-    def runner(self, session: Any) -> Callable[[list[str]], np.ndarray]:
+    def runner(self, session: Any) -> Callable[[list[str]], Padded]:
         """Texts → embeddings [rows, 384]: one tokenizer call, one encoder run (it pools)."""
 
-        def run_batch(texts: list[str]) -> np.ndarray:
+        def run_batch(texts: list[str]) -> Padded:
             tokens, _ = embed_spec.encode(texts)
             # Padded to the longest text of the micro-batch, as a plain batched encode() does
-            # (sentence-transformers); Triton's tokenize step pads per request to a bucket.
+            # (sentence-transformers); Triton sorts by length into sub-batches instead.
             ids, mask = embed_spec.pad(tokens, length=max(len(t) for t in tokens))
             feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
-            return onnx_runner.run(session, feeds, [embed_spec.EMBEDDING])[0]
+            outputs = onnx_runner.run(session, feeds, [embed_spec.EMBEDDING])[0]
+            return Padded(outputs, sum(map(len, tokens)), ids.size)
 
         return run_batch
 

@@ -54,6 +54,8 @@ class ModelStats:
     execution_count: int = 0  # model runs (fewer than requests when batching works)
     last_inference_ms: int = 0
     batches: dict[int, tuple[Duration, Duration, Duration]] = field(default_factory=dict)
+    tokens: int = 0  # real word pieces of the texts run (text models only)
+    padded_tokens: int = 0  # positions the encoder ran for them, padding included
 
     def record_execution(self, rows: int, input_ns: int, infer_ns: int) -> None:
         """One model run over a batch of ``rows`` rows."""
@@ -62,6 +64,11 @@ class ModelStats:
         per_size = self.batches.setdefault(rows, (Duration(), Duration(), Duration()))
         per_size[0].add(input_ns)
         per_size[1].add(infer_ns)
+
+    def record_tokens(self, tokens: int, padded: int) -> None:
+        """The real and padded token positions of one model run (0, 0 for images)."""
+        self.tokens += tokens
+        self.padded_tokens += padded
 
     def record_request(self, rows: int, timing: Timing, output_ns: int, total_ns: int) -> None:
         """One request answered successfully, ``total_ns`` after its handler started."""
@@ -102,4 +109,7 @@ class ModelStats:
                 for size, d in sorted(self.batches.items())
             ],
             "memory_usage": [],
+            # Not in Triton's shape (perf_analyzer reads only the fields above): Triton counts
+            # these as pipeline_tokens_total and pipeline_padded_tokens_total on /metrics.
+            "token_stats": {"tokens": self.tokens, "padded_tokens": self.padded_tokens},
         }

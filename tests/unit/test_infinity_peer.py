@@ -12,6 +12,7 @@ import pytest
 
 from bench import affinity, harness, infinity, inputs, report
 from export import text_samples
+from tests.helpers import embed_report_row
 
 STATUS = """Name:\tinfinity_emb
 Pid:\t17603
@@ -157,7 +158,10 @@ def test_embed_peers_plan_measures_only_the_embedding_servers():
     assert {c.model for c in cases} == {"embed"}
     assert {c.calls for c in cases} == {"sync", "async"}
     assert plan.infinity_levels == [1, 8, 32]
-    assert not plan.raw
+    assert {c.dataset for c in cases} == {"samples", "mixed"}
+    # The raw engine's embedding curves only: the limits the embedding targets name.
+    assert plan.raw and not plan.raw_model_batches and not plan.raw_pipeline_batches
+    assert plan.raw_embed_batches and plan.raw_mixed_batches
     assert not list(plan.triton_cases("no-batching"))
 
 
@@ -180,7 +184,15 @@ def test_an_unavailable_infinity_is_recorded_and_the_run_goes_on(tmp_path, monke
     runner._infinity(1, tmp_path / "embed-openai.json")
     runner._infinity(2, tmp_path / "embed-openai.json")  # not tried again
     rows = [r for r in runner.rows if r.case.system == "infinity"]
-    assert [r.case.level for r in rows] == [1, 8, 32, 1, 8, 32]
+    # Short texts at 1, 8, 32, then mixed lengths at 8, 32; in both rounds.
+    levels = [(r.case.dataset, r.case.level) for r in rows]
+    assert levels == 2 * [
+        ("samples", 1),
+        ("samples", 8),
+        ("samples", 32),
+        ("mixed", 8),
+        ("mixed", 32),
+    ]
     assert all(r.point is None and "no torch wheel" in r.error for r in rows)
     assert len([n for n in runner.notes if "not measured" in n]) == 1
     nulls = [r for r in runner.rows if r.case.system == "null-peer"]
@@ -188,22 +200,9 @@ def test_an_unavailable_infinity_is_recorded_and_the_run_goes_on(tmp_path, monke
 
 
 def _row(round_, system, level, throughput, p99, payload="json", calls="async", error=""):
-    return {
-        "round": round_,
-        "system": system,
-        "variant": "batching" if system == "triton" else "-",
-        "model": "embed",
-        "protocol": "http",
-        "payload": payload,
-        "mode": "concurrency",
-        "level": float(level),
-        "dataset": "samples",
-        "calls": calls,
-        "throughput": throughput,
-        "p50_ms": p99 / 2,
-        "p99_ms": p99,
-        "error": error,
-    }
+    return embed_report_row(
+        round_, system, level, throughput, p99, payload=payload, calls=calls, error=error
+    )
 
 
 def _rows(infinity_texts_per_s):

@@ -605,3 +605,26 @@ def test_embed_null_peer_process_serves_texts(tmp_path):
         )
         with urllib.request.urlopen(request, timeout=5) as response:
             assert embeddings_of(response.read()).shape == (1, embed_spec.HIDDEN_SIZE)
+
+
+def test_embed_batcher_counts_real_and_padded_tokens(embed_app):
+    # One request after the other: each is one batch, padded to its own longest text.
+    requests = [["Short.", text_samples.LONG_TEXT], list(text_samples.SENTENCES[:3])]
+
+    async def scenario(app):
+        counts = []
+        for texts in requests:
+            status, _, content = await call(app, "POST", EMBED_INFER, text_body(texts))
+            assert status == 200, content
+            _, _, stats = await call(app, "GET", f"/v2/models/{EMBED}/stats")
+            counts.append(orjson.loads(stats)["model_stats"][0]["token_stats"])
+        return counts
+
+    start = dict(embed_app.state.peer.stats.__dict__)
+    counts = run_with_app(embed_app, scenario)
+    real, padded = start["tokens"], start["padded_tokens"]
+    for texts, seen in zip(requests, counts, strict=True):
+        lengths = [len(t) for t in embed_spec.encode(texts)[0]]
+        real, padded = real + sum(lengths), padded + len(lengths) * max(lengths)
+        assert seen == {"tokens": real, "padded_tokens": padded}
+    assert padded > real  # the long text padded the short one to 256 word pieces

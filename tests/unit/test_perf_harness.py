@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness, perf_analyzer, report, stats, variants
+from bench import harness, inputs, perf_analyzer, report, stats, variants
+from export import text_samples
 from pipelines import classification as spec
+from pipelines import embedding as espec
 from server.launcher import MODEL_REPOSITORY
+from tests.helpers import embed_report_row
 
 # Recorded from perf_analyzer 2.51 (-f out.csv --verbose-csv) against the classify ensemble.
 RECORDED_CSV = """\
@@ -112,7 +115,8 @@ def test_cores_are_split_between_server_and_load_generator():
 
 def test_short_plan_covers_every_metric_and_stays_small():
     plan = harness.Plan.short()
-    assert plan.size() * plan.rounds <= 92  # 10 of them per round: infinity-emb and its twins
+    # 16 of them per round: infinity-emb, its twins and the mixed-length rows.
+    assert plan.size() * plan.rounds <= 100
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
     assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
@@ -245,17 +249,24 @@ def test_full_plan_is_well_formed():
     nulls = 2 * 2 * 3
     # infinity-emb and the FastAPI peer with async calls at its levels, its null twin.
     infinity = 2 * len(plan.infinity_levels) + len(harness.OPENAI_NULL_LEVELS)
-    assert plan.size() == len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels) + infinity
+    # The FastAPI peer and infinity-emb over the mixed texts (embed's are among the cases).
+    mixed = 2 * len(plan.mixed_levels)
+    assert plan.size() == (
+        len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels) + infinity + mixed
+    )
 
 
 def test_raw_engine_measures_every_kind(classifier_onnx, encoder_onnx):
     plan = harness.Plan.short()
     plan.raw_model_batches, plan.raw_pipeline_batches, plan.raw_embed_batches = [1, 2], [1], [1, 4]
-    plan.raw_seconds = 0.05
+    plan.raw_seconds, plan.raw_mixed_batches = 0.05, [4]
     raw = harness.measure_raw([0], threads=1, plan=plan)
-    assert set(raw) == {"model", "pipeline", "embed", "embed_int8"}
+    mixed = {f"mixed_{how}{ratio}" for how in ("padded", "sorted") for ratio in ("", "_ratio")}
+    assert set(raw) == {"model", "pipeline", "embed", "embed_int8", *mixed}
     assert set(raw["model"]) == {1, 2} and set(raw["embed"]) == {1, 4}
     assert all(v > 0 for curve in raw.values() for v in curve.values())
+    # Sorting never pads more than padding the same batch to its longest text.
+    assert 1.0 <= raw["mixed_sorted_ratio"][4] <= raw["mixed_padded_ratio"][4]
 
 
 def test_statistics_of_several_versions_are_summed():
@@ -269,3 +280,145 @@ def test_statistics_of_several_versions_are_summed():
         4: 2,
     }
     assert stats.merge_versions([v1]) is v1
+
+
+def test_mixed_texts_are_distinct_sentences_and_passages_and_reproducible():
+    texts = text_samples.mixed_texts(2000, seed=7)
+    words = [len(t.split()) for t in texts]
+    passages = [w for w in words if w >= text_samples.MIXED_PASSAGE_WORDS[0]]
+    assert len(texts) == len(set(texts)) == 2000
+    assert len(passages) == round(2000 * text_samples.MIXED_PASSAGE_SHARE) == 600
+    assert min(passages) >= 80 and max(passages) <= 250
+    # The others are one sentence each, and read as English (words of the lists, capitalized).
+    singles = [t for t, w in zip(texts, words, strict=True) if w < 80]
+    assert all(t.count(".") == 1 and t.endswith(".") and t[0].isupper() for t in singles)
+    assert text_samples.mixed_texts(2000, seed=7) == texts
+    assert text_samples.mixed_texts(2000, seed=8) != texts
+    # What the benchmark sends: one text per request, none twice.
+    entries = inputs.text_entries(inputs.mixed_texts())
+    assert len({e[espec.TEXT]["content"][0] for e in entries}) == inputs.MIXED_TEXTS
+
+
+def test_harness_reads_embeds_steps_from_the_configs_it_serves():
+    # The CPU configs: embed is one step, tokenize_encode (v1 fp32, v2 INT8), which pads.
+    local = harness.stats_models("local")
+    assert espec.TOKENIZE_ENCODE in local
+    assert espec.TOKENIZE not in local and espec.ENCODER not in local
+    assert harness.padding_step("embed", "local") == (espec.TOKENIZE_ENCODE, "1")
+    assert harness.padding_step("embed_int8", "local") == (espec.TOKENIZE_ENCODE, "2")
+    # local-shed keeps tokenize -> encoder.
+    shed = harness.stats_models("local-shed")
+    assert {espec.TOKENIZE, espec.ENCODER} <= set(shed) and espec.TOKENIZE_ENCODE not in shed
+    assert harness.padding_step("embed", "local-shed") == (espec.TOKENIZE, None)
+
+
+def test_token_counts_are_read_from_the_metrics_page():
+    page = """\
+# HELP pipeline_tokens_total Word pieces
+# TYPE pipeline_tokens_total counter
+pipeline_tokens_total{model="tokenize_encode",version="1"} 1200
+pipeline_tokens_total{model="tokenize_encode",version="2"} 50
+pipeline_padded_tokens_total{model="tokenize_encode",version="1"} 1500
+pipeline_padded_tokens_total{model="tokenize_encode",version="2"} 70
+pipeline_padded_tokens_total{model="tokenize",version="1"} 9
+nv_inference_count{model="tokenize_encode",version="1"} 3
+"""
+    assert stats.token_counts(page, espec.TOKENIZE_ENCODE, "1") == (1200, 1500)
+    assert stats.token_counts(page, espec.TOKENIZE_ENCODE) == (1250, 1570)
+    assert stats.token_counts(page, "encoder") == (0, 0)
+
+
+def test_plans_measure_every_server_on_mixed_lengths():
+    for plan in (harness.Plan.short(), harness.Plan.embed_peers()):
+        assert plan.mixed_levels == [8, 32] and plan.raw_mixed_batches
+        mixed = [c for c in plan.triton_cases("batching") if c.dataset == "mixed"]
+        assert [(c.model, c.payload, c.calls, c.level) for c in mixed] == [
+            ("embed", "json", "async", 8),
+            ("embed", "json", "async", 32),
+        ]
+        assert "[mixed]" in mixed[0].label()
+    assert harness.mixed_case("infinity", 8).payload == "openai"
+    # Windows count requests: a server padding passages may answer none within a second.
+    assert "--measurement-mode=count_windows" in harness.perf_args(mixed[1])
+    assert "--measurement-request-count=128" in harness.perf_args(mixed[1])
+    infinity = harness.perf_args(harness.mixed_case("infinity", 8))
+    assert "--service-kind=openai" in infinity and "--measurement-request-count=64" in infinity
+    only = harness.Plan.mixed()
+    assert {c.dataset for c in only.triton_cases("batching")} == {"mixed"}
+    assert only.size() == 3 * 2 + len(harness.OPENAI_NULL_LEVELS)
+
+
+def _embed_rows(r: int, mixed_padding: float) -> list[dict]:
+    """One round of an embed-peers run: short texts (sync), mixed lengths (async)."""
+
+    def row(system, level, thr, p99, dataset="samples", calls="sync", payload="json", **extra):
+        fields = {"dataset": dataset, "calls": calls, "payload": payload}
+        fields = {"tokens": "", "padded_tokens": "", **fields, **extra}
+        return embed_report_row(r, system, level, thr, p99, **fields)
+
+    pad = round(1000 * mixed_padding)
+    return [
+        row("triton", 1, 100, 10.5),
+        row("peer", 1, 100, 10),
+        row("triton", 8, 400, 25),
+        row("peer", 8, 380, 24),
+        row("triton", 32, 500, 100),
+        row("peer", 32, 520, 80),  # embed slower, and its p99 1.25x the peer's
+        row("triton", 8, 60, 200, "mixed", "async", tokens=1000, padded_tokens=pad,
+            tokenize_encode_avg_batch=5.0, encoder_avg_batch=""),
+        row("peer", 8, 20, 500, "mixed", "async", tokens=1000, padded_tokens=3500),
+        row("infinity", 8, 25, 450, "mixed", "async", payload="openai"),
+        row("triton", 32, 70, 600, "mixed", "async", tokens=1000, padded_tokens=pad),
+        row("peer", 32, 40, 900, "mixed", "async", tokens=1000, padded_tokens=3800),
+        row("infinity", 32, 30, 1200, "mixed", "async", payload="openai"),
+    ]  # fmt: skip
+
+
+def test_embedding_targets_pass_or_fail_from_ratios_of_the_same_round(tmp_path):
+    rows = _embed_rows(1, 1.05) + _embed_rows(2, 1.3)
+    raw = {r: {"embed": {1: 120.0, 32: 510.0}, "mixed_sorted": {8: 80.0}} for r in (1, 2)}
+    table = {i["metric"].name: i for i in report.metric_table(rows, raw, report.TARGETS)}
+    assert len(table) == len(report.TARGETS)
+
+    def check(name, median, met):
+        item = table[name]
+        assert item["median"] == pytest.approx(median) and item["met"] is met, name
+
+    check("short texts, c=8: embed ÷ FastAPI batcher, texts/s", 400 / 380, True)
+    check("short texts, c=32: embed ÷ FastAPI batcher, texts/s", 500 / 520, False)
+    check("short texts, c=32: embed p99 ÷ FastAPI batcher p99", 100 / 80, False)
+    check("short texts, c=1: embed p99 ÷ FastAPI batcher p99", 10.5 / 10, True)
+    check(
+        "short texts, saturation: embed ÷ raw engine at its best batch (padded to the longest)",
+        500 / 510,
+        True,
+    )
+    check("mixed lengths, c=8: embed ÷ FastAPI peer, texts/s", 3.0, True)
+    check("mixed lengths, c=32: embed ÷ FastAPI peer, texts/s", 70 / 40, False)
+    check("mixed lengths, c=8: embed ÷ infinity-emb, texts/s", 60 / 25, True)
+    check("mixed lengths, c=32: embed p99 ÷ infinity-emb p99", 0.5, True)
+    check("mixed lengths, c=8: embed p99 ÷ FastAPI peer p99", 0.4, True)
+    # Rounds at 1.05 and 1.3 padded ÷ real: the median 1.175 meets ≤ 1.2.
+    check("mixed lengths, c=32: embed padded ÷ real tokens", 1.175, True)
+    text = report.write_markdown(tmp_path / "report.md", rows, raw, [], []).read_text()
+    assert "| mixed lengths, c=32: embed ÷ FastAPI peer, texts/s | 1.75x" in text
+    assert "| ≥ 2.00x | **no** |" in text
+    # The mixed table: each server's padding; infinity-emb's cannot be seen.
+    assert "| FastAPI peer | 8 | 20.0 [20.0 – 20.0] | 250.00 [250.00 – 250.00] | 500.00" in text
+    assert "| 3.50 [3.50 – 3.50] |" in text
+    assert "| infinity-emb | 32 | 30.0 [30.0 – 30.0] | 600.00 [600.00 – 600.00] | " in text
+    assert "1200.00 [1200.00 – 1200.00] | not observable |" in text
+    assert "| sorted sub-batches | 8 | 80.0 [80.0 – 80.0] | not measured |" in text
+    # embed's formed batches are those of the step that batches: tokenize_encode here.
+    mixed = [x for x in text.splitlines() if x.startswith("| triton | batching | embed [mixed]")]
+    assert [x.endswith("| 5.00 [5.00 – 5.00] |") for x in mixed] == [True, False]  # c=8, c=32
+
+
+def test_the_tuner_measures_embed_where_it_runs_the_tuned_encoder():
+    from bench import tune
+
+    # The CPU configs serve embed as tokenize_encode alone; the tuned configs keep the encoder.
+    assert not tune.serves_tuned_steps("embed", MODEL_REPOSITORY, "local")
+    assert tune.serves_tuned_steps("embed", MODEL_REPOSITORY, "local-tuned")
+    assert tune.serves_tuned_steps(spec.ENSEMBLE, MODEL_REPOSITORY, "local")
+    assert tune.serves_tuned_steps(spec.CLASSIFIER, MODEL_REPOSITORY, "local")
