@@ -488,12 +488,26 @@ METRICS = [
 ]
 
 
+def _vs_peer_async(level: int, field: str = "throughput") -> Callable[[list[dict], dict], float]:
+    """Ratio of embed to the FastAPI peer at one concurrency, both with asynchronous calls.
+
+    The mode every server of the targets is measured in (infinity-emb's client has no other),
+    at every level the targets name.
+    """
+
+    def compute(rows, raw):
+        ours, theirs = one(rows, **EMBED_ASYNC, level=level), one(rows, **PEER_ASYNC, level=level)
+        return _ratio(ours and ours[field], theirs and theirs[field])
+
+    return compute
+
+
 # The embedding service's targets, each a ratio within one round (docs/performance.md).
 TARGETS = [
     *(
         Metric(
             f"short texts, c={level}: embed ÷ FastAPI batcher, texts/s",
-            _vs_peer_at(EMB, level),
+            _vs_peer_async(level),
             target=1.0,
             needs_headroom=("json", EMB),
         )
@@ -502,7 +516,7 @@ TARGETS = [
     *(
         Metric(
             f"short texts, c={level}: embed p99 ÷ FastAPI batcher p99",
-            _vs_peer_at(EMB, level, "p99_ms"),
+            _vs_peer_async(level, "p99_ms"),
             target=1.1,
             higher_is_better=False,
         )

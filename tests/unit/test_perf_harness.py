@@ -349,9 +349,9 @@ def test_plans_measure_every_server_on_mixed_lengths():
 
 
 def _embed_rows(r: int, mixed_padding: float) -> list[dict]:
-    """One round of an embed-peers run: short texts (sync), mixed lengths (async)."""
+    """One round of an embed-peers run, asynchronous calls: short texts, mixed lengths."""
 
-    def row(system, level, thr, p99, dataset="samples", calls="sync", payload="json", **extra):
+    def row(system, level, thr, p99, dataset="samples", calls="async", payload="json", **extra):
         fields = {"dataset": dataset, "calls": calls, "payload": payload}
         fields = {"tokens": "", "padded_tokens": "", **fields, **extra}
         return embed_report_row(r, system, level, thr, p99, **fields)
