@@ -186,6 +186,55 @@ def padding_effect(
     }
 
 
+def run_cost_curve(
+    onnx_path: Path,
+    threads: int,
+    texts: Sequence[str],
+    batch_size: int,
+    costs: Sequence[int],
+    seconds: float,
+    rounds: int = 3,
+) -> dict[int, dict[str, float]]:
+    """Sorted sub-batches of mixed texts under each run cost: texts/s and padded ÷ real.
+
+    The texts are tokenized once; each round times every cost in turn on the same batches
+    (interleaved, so a busy machine slows them alike), and the median round is reported.
+    """
+    from pipelines import embedding, onnx_runner
+
+    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
+
+    def encoder(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
+
+    tokens, _ = embedding.encode(list(texts))
+    batches = [
+        tokens[i : i + batch_size] for i in range(0, len(tokens) - batch_size + 1, batch_size)
+    ]
+    real = sum(len(t) for batch in batches for t in batch)
+    rates: dict[int, list[float]] = {c: [] for c in costs}
+    padded: dict[int, int] = {}
+    for _ in range(rounds):
+        for cost in costs:
+            position = iter(range(10**9))
+
+            def step(cost=cost, position=position) -> None:
+                embedding.encode_sorted(
+                    encoder, batches[next(position) % len(batches)], run_cost=cost
+                )
+
+            rates[cost].append(throughput(step, batch_size, seconds))
+            padded[cost] = sum(
+                embedding.encode_sorted(lambda i, m: np.zeros((len(i), 1)), b, run_cost=cost)[1]
+                for b in batches
+            )
+    return {
+        c: {"texts_per_s": float(np.median(rates[c])), "padded_ratio": padded[c] / real}
+        for c in costs
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}, "embed...": ...} as JSON."""
     p = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__)
@@ -213,12 +262,28 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="only measure bucketed vs pad-to-longest encoder throughput on mixed traffic",
     )
+    p.add_argument(
+        "--run-costs",
+        metavar="ENCODER_ONNX",
+        type=Path,
+        help="only measure sorted sub-batches of mixed texts under each --costs value",
+    )
+    p.add_argument("--costs", default="0,8,16,32,64,128", help="run costs in token positions")
     args = p.parse_args(argv)
+    sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
+    if args.run_costs:
+        from bench import inputs
+
+        texts, batch = inputs.mixed_texts()[:512], sizes(args.mixed_batches)[-1]
+        curve = run_cost_curve(
+            args.run_costs, args.threads, texts, batch, sizes(args.costs), args.seconds
+        )
+        json.dump(curve, sys.stdout)
+        return 0
     if args.padding_effect:
         json.dump(padding_effect(args.padding_effect, args.threads, args.seconds), sys.stdout)
         return 0
     reference = ReferenceClassifier(args.onnx, intra_op_threads=args.threads)
-    sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     result = {
         "threads": args.threads,
         "model": model_curve(reference, sizes(args.model_batches), args.seconds),

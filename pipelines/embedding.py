@@ -176,9 +176,9 @@ def pad(
 # Padded token positions per encoder run of tokenize_encode (its config's max_batch_tokens):
 # room for 64 short texts or 8 truncated passages in one run.
 MAX_BATCH_TOKENS = 2048
-# What one more encoder run costs beyond its tokens, in token positions: the fixed part of a
-# run on the CPU, fitted to run times over batch sizes and lengths (docs/performance.md,
-# "Sub-batches"). A sub-batch is cut where padding to the next text would cost more than that.
+# What one more encoder run costs beyond its tokens, in token positions: the value that gave
+# the most texts/s over mixed texts on one core (docs/performance.md, "Sub-batches"). A
+# sub-batch is cut where padding to the next text would cost more than that.
 RUN_COST_TOKENS = 16
 
 
@@ -227,6 +227,7 @@ def encode_sorted(
     encoder: Callable[[np.ndarray, np.ndarray], np.ndarray],
     token_ids: Sequence[Sequence[int]],
     max_tokens: int = MAX_BATCH_TOKENS,
+    run_cost: int = RUN_COST_TOKENS,
 ) -> tuple[np.ndarray, int]:
     """Embeddings of tokenized texts, in their order, from one encoder run per sub-batch.
 
@@ -234,6 +235,7 @@ def encode_sorted(
         encoder: (ids, mask) int64 [n, L] → float32 [n, HIDDEN_SIZE] (the encoder's graph).
         token_ids: each text's word-piece ids.
         max_tokens: padded positions per run (``sub_batches``).
+        run_cost: the fixed cost of one run, in token positions (``sub_batches``).
 
     Returns:
         (float32 [len(token_ids), HIDDEN_SIZE], the padded positions the runs processed).
@@ -241,7 +243,7 @@ def encode_sorted(
     lengths = [len(t) for t in token_ids]
     out = np.empty((len(token_ids), HIDDEN_SIZE), dtype=np.float32)
     padded = 0
-    for run in sub_batches(lengths, max_tokens):
+    for run in sub_batches(lengths, max_tokens, run_cost):
         longest = lengths[run[-1]]
         ids, mask = pad([token_ids[i] for i in run], longest)
         out[run] = encoder(ids, mask)
