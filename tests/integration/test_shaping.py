@@ -82,8 +82,11 @@ LIMITS = limits(FLOOD, MODEL)
 UNSHAPED = limits(OPEN, OPEN)
 EXTRA_ARGS = [
     "--model-control-mode=explicit",
-    f"--load-model={spec.ENSEMBLE}",  # with its steps, tokenize among them
+    f"--load-model={spec.ENSEMBLE}",
     f"--load-model={INT8}",
+    # The cheapest model to spend a bucket on: one text, no encoder (embed's local configs do
+    # not load it as a step).
+    f"--load-model={spec.TOKENIZE}",
 ]
 # The calm tenant's requests take long enough (8 texts) that a few milliseconds of a busy
 # machine do not move their p99, and 40 of them in SEND_S make a p99 that one stray slow
