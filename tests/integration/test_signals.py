@@ -1,6 +1,6 @@
 """Stopping by signal is always clean: ``python -m server`` and ``make serve``, at any moment.
 
-Twenty starts, each signalled at another moment: before tritonserver runs, while its models
+Ten starts, each signalled at another moment: before tritonserver runs, while its models
 load, right after it is ready, under load, and twice in a row (a second Ctrl-C while it stops
 kills at once). Each time, the launcher and every tritonserver and stub it started are gone
 within 15 s of the first signal, the launcher exits without a traceback, and nothing is left in
@@ -85,34 +85,13 @@ MOMENTS = [
     Moment("launcher importing", 0.05, (IMPORTING,), anchor="exec"),
     *(
         Moment(f"models loading +{t}s", t, (LOADING,), anchor="starting")
-        for t in (0.3, 1.2, 2.2)  # early, midway, late in the loading of the models
+        for t in (0.3, 2.2)  # early and late in the loading of the models
     ),
     Moment("models loading, twice", 0.9, (LOADING,), anchor="starting", second_after_s=0.03),
     Moment("at ready", 0.0, (READY,), anchor="ready"),
-    Moment("ready +20ms", 0.02, (READY,), anchor="ready", first=signal.SIGINT),
-    Moment(
-        "at ready, SIGTERM then SIGINT 20ms", 0.0, (READY,), anchor="ready", second_after_s=0.02
-    ),
     Moment("while stopping, twice", 0.5, (READY,), anchor="ready", second_after_s=1.0),
     Moment("under load", 0.0, (UNDER_LOAD,), anchor="ready", under_load=True),
-    Moment(
-        "under load, twice",
-        0.0,
-        (UNDER_LOAD,),
-        anchor="ready",
-        under_load=True,
-        second_after_s=0.5,
-    ),
     Moment("make serve, Ctrl-C", 0.5, (READY,), anchor="ready", first=signal.SIGINT, make=True),
-    Moment(
-        "make serve, Ctrl-C twice",
-        0.5,
-        (READY,),
-        anchor="ready",
-        first=signal.SIGINT,
-        second_after_s=0.3,
-        make=True,
-    ),
     Moment(
         "make serve, Ctrl-C while loading",
         1.2,
@@ -356,7 +335,7 @@ def test_a_signal_at_any_moment_stops_the_server_and_everything_it_started():
     }
     assert not missed, f"phase hit (first, second signal) off its moment: {missed}"
     under_load = [(m, r) for m, r in zip(MOMENTS, results, strict=True) if m.under_load]
-    assert len(under_load) == 2
+    assert len(under_load) == 1
     assert all(r["answered"] >= LOAD_ANSWERED and not r["load_errors"] for _, r in under_load), [
         (m.label, r["answered"], r["load_errors"]) for m, r in under_load
     ]
