@@ -321,8 +321,14 @@ def admitted_bounds(limit: shaping.Limit, out: Outcomes) -> tuple[float, float]:
     return expected - 2 - 0.1 * limit.rate, expected + 2 + 0.1 * limit.rate
 
 
-def check(run: Run, limit: shaping.Limit) -> None:
-    """Shaping's promises, each against the unshaped control of the same run."""
+def check(run: Run, limit: shaping.Limit, spares_latency: bool = True) -> None:
+    """Shaping's promises, each against the unshaped control of the same run.
+
+    ``spares_latency``: the calm tenant's p99 must drop to half the unshaped control's. That
+    holds where flood and calm queue in the same step; where they run in separate stubs (INT8
+    and fp32, each its own tokenize_encode version) the unshaped flood only shares the cores
+    with the calm tenant, and its p99 moved 1.9x at most (docs/isolation.md).
+    """
     ratios = run.ratios()
     log.info(
         "calm p99: alone %.1f ms, shaped %.1f ms, unshaped %.1f ms; %s; "
@@ -350,24 +356,26 @@ def check(run: Run, limit: shaping.Limit) -> None:
     for out in (run.alone, run.shaped_calm, run.unshaped_calm):
         assert out.refused == 0
     assert run.unshaped_flood.refused == 0  # the control really is unshaped
-    assert ratios["shaped/unshaped"] <= SHAPED_FRACTION, ratios
+    if spares_latency:
+        assert ratios["shaped/unshaped"] <= SHAPED_FRACTION, ratios
     low, high = admitted_bounds(limit, run.shaped_flood)
     assert low <= run.shaped_flood.answered <= high, (run.shaped_flood.answered, low, high)
 
 
 # The tests ------------------------------------------------------------------------------------
-# (what floods: its key, the model it sends to, the bucket that holds it; the calm tenant's model)
+# (what floods: its key, the model it sends to, the bucket that holds it, and whether it
+# shares the calm tenant's step, so that unshaped it holds the calm requests up)
 FLOODS = {
-    "tenant": (FLOOD_KEY, spec.ENSEMBLE, FLOOD),
+    "tenant": (FLOOD_KEY, spec.ENSEMBLE, FLOOD, True),
     # This tenant's own bucket is wide open: only the model's holds it.
-    "model": (WIDE_KEY, INT8, MODEL),
+    "model": (WIDE_KEY, INT8, MODEL, False),
 }
 
 
 @pytest.mark.parametrize("bucket", FLOODS)
 def test_nginx_holds_a_flood_to_its_bucket_and_spares_the_calm_tenant(gateway, bucket):
     nginx, exporter, unshaped = gateway
-    key, model, limit = FLOODS[bucket]
+    key, model, limit, shared = FLOODS[bucket]
     tenant = LIMITS.keys[key]
     before = metric(exporter, tenant, model, "refused")
     clients = [Client(nginx.http_url, "http"), Client(unshaped.http_url, "http")]
@@ -385,7 +393,7 @@ def test_nginx_holds_a_flood_to_its_bucket_and_spares_the_calm_tenant(gateway, b
     finally:
         for client in clients:
             client.close()
-    check(run, limit)
+    check(run, limit, spares_latency=shared)
     # Prometheus sees every refusal (the exporter reads nginx's shaping log).
     deadline = time.monotonic() + 10
     while metric(exporter, tenant, model, "refused") - before < run.shaped_flood.refused:
