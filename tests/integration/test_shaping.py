@@ -327,7 +327,7 @@ def check(run: Run, limit: shaping.Limit, spares_latency: bool = True) -> None:
     ``spares_latency``: the calm tenant's p99 must drop to half the unshaped control's. That
     holds where flood and calm queue in the same step; where they run in separate stubs (INT8
     and fp32, each its own tokenize_encode version) the unshaped flood only shares the cores
-    with the calm tenant, and its p99 moved 1.9x at most (docs/isolation.md).
+    with the calm tenant and moved its p99 too little to halve (docs/isolation.md).
     """
     ratios = run.ratios()
     log.info(
