@@ -85,6 +85,19 @@ def embed_curve(
     return curve
 
 
+def _encoder(onnx_path: Path, threads: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """(ids, mask) → embeddings: the encoder graph on one onnxruntime session."""
+    from pipelines import embedding, onnx_runner
+
+    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
+
+    def encoder(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
+
+    return encoder
+
+
 def mixed_curves(
     onnx_path: Path, threads: int, texts: Sequence[str], batch_sizes: Sequence[int], seconds: float
 ) -> dict[str, dict[int, float]]:
@@ -96,13 +109,9 @@ def mixed_curves(
     ("mixed_sorted"). Texts/s of each, and padded ÷ real token positions over all the batches
     of ``texts`` ("mixed_padded_ratio", "mixed_sorted_ratio").
     """
-    from pipelines import embedding, onnx_runner
+    from pipelines import embedding
 
-    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
-
-    def encoder(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
-        return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
+    encoder = _encoder(onnx_path, threads)
 
     def padded_run(tokens: list[list[int]]) -> int:
         ids, mask = embedding.pad(tokens, max(map(len, tokens)))
@@ -200,13 +209,9 @@ def run_cost_curve(
     The texts are tokenized once; each round times every cost in turn on the same batches
     (interleaved, so a busy machine slows them alike), and the median round is reported.
     """
-    from pipelines import embedding, onnx_runner
+    from pipelines import embedding
 
-    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
-
-    def encoder(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
-        return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
+    encoder = _encoder(onnx_path, threads)
 
     tokens, _ = embedding.encode(list(texts))
     batches = [
@@ -214,7 +219,15 @@ def run_cost_curve(
     ]
     real = sum(len(t) for batch in batches for t in batch)
     rates: dict[int, list[float]] = {c: [] for c in costs}
-    padded: dict[int, int] = {}
+    # Positions each cost pads to: the sub-batches alone decide them, no encoder run needed.
+    padded = {
+        c: sum(
+            len(run) * max(len(batch[i]) for i in run)
+            for batch in batches
+            for run in embedding.sub_batches([len(t) for t in batch], run_cost=c)
+        )
+        for c in costs
+    }
     for _ in range(rounds):
         for cost in costs:
             position = iter(range(10**9))
@@ -225,10 +238,6 @@ def run_cost_curve(
                 )
 
             rates[cost].append(throughput(step, batch_size, seconds))
-            padded[cost] = sum(
-                embedding.encode_sorted(lambda i, m: np.zeros((len(i), 1)), b, run_cost=cost)[1]
-                for b in batches
-            )
     return {
         c: {"texts_per_s": float(np.median(rates[c])), "padded_ratio": padded[c] / real}
         for c in costs
