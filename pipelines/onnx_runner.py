@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,9 +30,7 @@ def create_session(
     intra_op_threads = min(intra_op_threads, usable_cores())
     options = ort.SessionOptions()
     if custom_ops:
-        from onnxruntime_extensions import get_library_path
-
-        options.register_custom_ops_library(get_library_path())
+        options.register_custom_ops_library(str(custom_ops_library()))
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = inter_op_threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -39,6 +39,27 @@ def create_session(
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     model = path if isinstance(path, bytes) else str(path)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def custom_ops_library() -> Path:
+    """onnxruntime-extensions' operator library, found without importing its package.
+
+    ``onnxruntime_extensions.get_library_path()`` imports the package, whose ``__init__``
+    imports torch where torch is installed: 1.5 s and about 300 MB more for each process
+    that only needs the library's path (every embed_graph stub).
+
+    Raises:
+        FileNotFoundError: onnxruntime-extensions is not installed.
+    """
+    spec = importlib.util.find_spec("onnxruntime_extensions")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            library = Path(folder) / f"_extensions_pydll{suffix}"
+            if library.is_file():
+                return library
+    raise FileNotFoundError(
+        "onnxruntime-extensions' operator library: pip install onnxruntime-extensions"
+    )
 
 
 def usable_cores() -> int:
