@@ -270,6 +270,11 @@ class ServerConfig:
     # Largest HTTP request body, passed as --http-max-input-size where the server has that flag
     # (releases after 2.51; 2.51 has no body limit, so the models bound what they parse).
     max_input_bytes: int = 64 * 1024 * 1024
+    # Every config here is complete and checked against Triton's schema (tests/unit/
+    # test_configs.py). With auto-complete on, the Python backend starts one more stub per
+    # model only to call auto_complete_config (python_be.cc, ModelState::Create): a start of
+    # every model took 3x as long (docs/processes.md#start-up-time).
+    auto_complete_config: bool = False
 
 
 class Server(ManagedProcess):
@@ -362,6 +367,8 @@ class Server(ManagedProcess):
             args.append(f"--cache-config=local,size={c.cache_bytes}")
         if c.model_config_name:
             args.append(f"--model-config-name={c.model_config_name}")
+        if not c.auto_complete_config:
+            args.append("--disable-auto-complete-config")
         if c.restricted_apis:
             rule = f"{','.join(c.restricted_apis)}:{ADMIN_HEADER}={c.admin_key}"
             args += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
