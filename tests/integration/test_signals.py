@@ -31,6 +31,7 @@ import pytest
 
 from client.embed import EmbedClient
 from server import guard
+from server.process import STUB_NAME
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
@@ -71,7 +72,8 @@ class Moment:
     after_s: float  # seconds after ``anchor``
     phases: tuple[str, ...]  # the phase the first signal must hit (one of these)
     # launch: the process started; exec: the launcher's interpreter runs (the wrapper has
-    # exec'd it); starting: the launcher logged tritonserver's command line; ready: its banner.
+    # exec'd it); starting: the launcher logged tritonserver's command line; stub: the first
+    # Python-backend stub of the start runs (a model is loading); ready: its banner.
     anchor: str = "launch"
     second_after_s: float | None = None  # a second signal this much later (while stopping)
     first: signal.Signals = signal.SIGTERM
@@ -83,20 +85,19 @@ class Moment:
 MOMENTS = [
     Moment("before tritonserver runs", 0.05, (BEFORE_IMPORT, IMPORTING), first=signal.SIGINT),
     Moment("launcher importing", 0.05, (IMPORTING,), anchor="exec"),
-    *(
-        Moment(f"models loading +{t}s", t, (LOADING,), anchor="starting")
-        for t in (0.3, 2.2)  # early and late in the loading of the models
-    ),
-    Moment("models loading, twice", 0.9, (LOADING,), anchor="starting", second_after_s=0.03),
+    # Early in the loading of the models, and late: once the first model's stub runs.
+    Moment("models loading +0.3s", 0.3, (LOADING,), anchor="starting"),
+    Moment("models loading, a stub up", 0.0, (LOADING,), anchor="stub"),
+    Moment("models loading, twice", 0.0, (LOADING,), anchor="stub", second_after_s=0.03),
     Moment("at ready", 0.0, (READY,), anchor="ready"),
     Moment("while stopping, twice", 0.5, (READY,), anchor="ready", second_after_s=1.0),
     Moment("under load", 0.0, (UNDER_LOAD,), anchor="ready", under_load=True),
     Moment("make serve, Ctrl-C", 0.5, (READY,), anchor="ready", first=signal.SIGINT, make=True),
     Moment(
         "make serve, Ctrl-C while loading",
-        1.2,
+        0.0,
         (LOADING,),
-        anchor="starting",
+        anchor="stub",
         first=signal.SIGINT,
         make=True,
     ),
@@ -195,6 +196,18 @@ class Launch:
             time.sleep(0.002)
         return True
 
+    def wait_for_stub(self, timeout: float) -> bool:
+        """Wait until a Python-backend stub of this start runs."""
+        deadline = time.monotonic() + timeout
+        while not any(
+            command_line(p)[:1] and command_line(p)[0].endswith(STUB_NAME)
+            for p in started_by(self.mark)
+        ):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                return False
+            time.sleep(0.005)
+        return True
+
     def phase(self, load: Load | None) -> str:
         """What the launcher is doing right now (one of the phases above)."""
         if self.process.poll() is not None:
@@ -266,6 +279,10 @@ def run_one(moment: Moment) -> dict:
         time.sleep(moment.after_s)
     elif moment.anchor == "starting":
         assert launch.starting.wait(300), launch.output  # make serve may export first
+        time.sleep(moment.after_s)
+    elif moment.anchor == "stub":
+        assert launch.starting.wait(300), launch.output
+        assert launch.wait_for_stub(60), launch.output
         time.sleep(moment.after_s)
     else:
         assert launch.ready.wait(120), launch.output
