@@ -117,12 +117,21 @@ class ClosedLoop:
             Called with the worker index; each worker should use its own client.
         concurrency: worker threads.
         kind: label stored in each outcome.
+        pause_s: each worker waits this long after an answer before its next request (a
+            paced client); the pause is not part of any latency.
     """
 
-    def __init__(self, call: Callable[[int], object], concurrency: int, kind: str = ""):
+    def __init__(
+        self,
+        call: Callable[[int], object],
+        concurrency: int,
+        kind: str = "",
+        pause_s: float = 0.0,
+    ):
         self.call = call
         self.concurrency = concurrency
         self.kind = kind
+        self.pause_s = pause_s
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -139,6 +148,8 @@ class ClosedLoop:
             outcome.latency_s = time.monotonic() - outcome.sent_at
             with self._lock:
                 self.outcomes.append(outcome)
+            if self.pause_s:
+                self._stop.wait(self.pause_s)
 
     def start(self) -> ClosedLoop:
         """Start the workers."""
