@@ -10,7 +10,6 @@ no answer by the deadline), so a caller can check ``sent == answered``.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from server.process import argv, children, stub_model
 
@@ -286,17 +286,16 @@ class Footprint:
 
 
 def footprint(pids: Iterable[int]) -> Footprint:
-    """RSS (``VmRSS``) and fd count of each live process in ``pids``."""
+    """Resident memory and open descriptors of each live process in ``pids``."""
     rss, fds = {}, {}
     for pid in pids:
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            fds[pid] = len(os.listdir(f"/proc/{pid}/fd"))
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                rss[pid] = int(line.split()[1]) / 1024
+            process = psutil.Process(pid)
+            with process.oneshot():
+                rss[pid] = process.memory_info().rss / (1 << 20)
+                fds[pid] = process.num_fds()
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            rss.pop(pid, None)
     return Footprint(rss, fds)
 
 

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -203,26 +204,18 @@ def test_only_the_key_unloads_and_loads_models(explicit_server, protocol):
 
 # Where the servers listen ----------------------------------------------------------------------
 def listening(port: int) -> set[str]:
-    """The addresses with a socket listening on ``port``, from /proc/net/tcp and tcp6.
+    """The addresses with a socket listening on ``port`` (psutil reads the kernel's tables).
 
     gRPC listens on an IPv6 socket: IPv4-mapped addresses come back as IPv4, ``::`` (every
     interface, both families) as ``::``.
     """
     found = set()
-    for table_path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table_path) as table:
-            next(table)
-            for line in table:
-                fields = line.split()
-                address, port_hex = fields[1].split(":")
-                if fields[3] != "0A" or int(port_hex, 16) != port:  # 0A: LISTEN
-                    continue
-                raw = bytes.fromhex(address)
-                # The kernel prints each 32-bit word in host (little-endian) order.
-                packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-                ip = ipaddress.ip_address(packed)
-                mapped = getattr(ip, "ipv4_mapped", None)
-                found.add(str(mapped or ip))
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or conn.laddr.port != port:
+            continue
+        ip = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        found.add(str(mapped or ip))
     return found
 
 

@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from client.embed import EmbedClient
@@ -106,30 +107,29 @@ MOMENTS = [
 
 def started_by(mark: str) -> set[int]:
     """Pids of live (not zombie) processes of the start marked ``mark``."""
-    needle = f"{MARK}={mark}".encode()
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter():
         try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
+            if process.environ().get(MARK) == mark and guard.running(process.pid):
+                found.add(process.pid)
+        except psutil.Error:  # gone meanwhile, or not ours to read
             continue
-        if needle in environ.split(b"\0") and guard.running(int(entry.name)):
-            found.add(int(entry.name))
     return found
 
 
 def command_line(pid: int) -> list[str]:
     """argv of a process ([] once it is gone)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
         return []
 
 
 def catches(pid: int, sig: signal.Signals) -> bool:
-    """Whether the process has a handler of its own for ``sig`` (SigCgt in /proc)."""
+    """Whether the process has a handler of its own for ``sig`` (SigCgt in /proc).
+
+    psutil does not read the signal masks; /proc/<pid>/status has them.
+    """
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
