@@ -442,7 +442,7 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
 
 # 3. Soak ---------------------------------------------------------------------------------------
 WARMUP_S = 10.0
-SOAK_S = 40.0
+SOAK_S = 30.0
 SAMPLE_EVERY_S = 5.0
 BAD_EVERY = 20  # 5% of requests carry bad input
 RSS_GROWTH_MB = 50.0  # whole soak, idle to idle
