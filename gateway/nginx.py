@@ -1,6 +1,6 @@
 """nginx in front of several tritonservers: the config and a managed nginx process.
 
-The config comes from ``docker/nginx/nginx.conf.template``: an HTTP upstream over the servers'
+The config comes from ``gateway/nginx.conf.template``: an HTTP upstream over the servers'
 HTTP ports and a gRPC upstream (HTTP/2 cleartext, ``grpc_pass grpc://``) over their gRPC ports,
 both hashed by the ``X-User-Id`` header with consistent hashing, retried on the next server
 when one fails. ``Nginx`` runs Debian's nginx as the current user from a temp prefix (pid,
@@ -36,7 +36,8 @@ from server.process import ManagedProcess, client_host
 
 __all__ = ["LIMITS", "SHAPING_LOG", "TEMPLATE", "Nginx", "check_config", "find_nginx", "render"]
 
-TEMPLATE = REPO_ROOT / "docker" / "nginx" / "nginx.conf.template"
+# Beside this module: the container image holds gateway/, not docker/ (.dockerignore).
+TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
 # One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
 SHAPING_LOG = "logs/shaping.log"
