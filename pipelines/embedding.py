@@ -26,12 +26,28 @@ GRAPH_ENSEMBLE = "embed_graph"
 # length-sorted sub-batches): embed's step on the CPU configs, where a second stub would cost
 # more than the batch it forms (docs/models.md, "One step on the CPU").
 TOKENIZE_ENCODE = "tokenize_encode"
+# embed for clients that send a 1-D batch of texts (LiteLLM's `triton/` provider, LlamaIndex's
+# NvidiaTritonEmbedding): TEXTS [N] → EMBEDDING [N, 384]; TEXT_ROWS turns the texts into
+# embed's [N, 1] rows.
+TEXTS_ENSEMBLE = "text_embeddings"
+TEXT_ROWS = "texts_as_batch"
+INT8_ENSEMBLE = "embed_int8"
+# The OpenAI-compatible API (gateway/openai.js): its model ids, and the ensemble each one calls,
+# which also answers TOKENS for the usage (model_repository/embed_with_tokens says why not embed).
+OPENAI_MODELS = {ENSEMBLE: "embed_with_tokens", INT8_ENSEMBLE: "embed_int8_with_tokens"}
 
 # Tensors, named after what they hold.
 TEXT = "TEXT"  # TYPE_STRING [1]: one UTF-8 text per batch item
 INPUT_IDS = "INPUT_IDS"  # TYPE_INT64 [-1]: word-piece ids, padded with PAD_ID
 ATTENTION_MASK = "ATTENTION_MASK"  # TYPE_INT64 [-1]: 1 for real tokens, 0 for padding
 EMBEDDING = "EMBEDDING"  # TYPE_FP32 [384]: mean over real tokens, L2-normalized
+TOKENS = "TOKENS"  # TYPE_INT32 [1]: word pieces the text became (with [CLS], [SEP]; truncated)
+TEXTS = "input_text"  # TYPE_STRING [-1]: a 1-D batch of texts, LiteLLM's name for it
+# The most texts one request may carry: embed's max_batch_size.
+MAX_TEXTS = 64
+# The most texts one call of the OpenAI-compatible API may carry (OpenAI's own limit); the
+# gateway sends them to Triton MAX_TEXTS at a time.
+MAX_OPENAI_INPUTS = 2048
 
 HIDDEN_SIZE = 384
 # sentence-transformers' max_seq_length for this model; longer texts are truncated (not an

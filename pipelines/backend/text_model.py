@@ -19,6 +19,11 @@ from pipelines.backend import batching as bk
 from pipelines.backend import metrics
 
 
+def token_counts(tokens: list[list[int]]) -> np.ndarray:
+    """TOKENS of each text, [n, 1] int32: what OpenAI's ``usage.prompt_tokens`` adds up."""
+    return np.array([[len(t)] for t in tokens], dtype=np.int32).reshape(-1, 1)
+
+
 class TokenizeModel:
     """tokenize: UTF-8 texts → word-piece ids and masks, each request padded to its own bucket.
 
@@ -48,10 +53,13 @@ class TokenizeModel:
         outputs, start, padded = [], 0, 0
         for texts in items:
             # Each request padded to the bucket of its own longest text.
-            ids, mask = spec.pad(tokens[start : start + len(texts)])
+            mine = tokens[start : start + len(texts)]
+            ids, mask = spec.pad(mine)
             start += len(texts)
             padded += ids.size
-            outputs.append({spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask})
+            outputs.append(
+                {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask, spec.TOKENS: token_counts(mine)}
+            )
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
         return outputs
 
@@ -84,9 +92,43 @@ class TokenizeEncodeModel(TokenizeModel):
         tokens, truncated = spec.encode([t for texts in items for t in texts])
         vectors, padded = spec.encode_sorted(self._encoder, tokens, self.max_tokens)
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
-        parts = bk.split_rows(vectors, [len(texts) for texts in items], spec.EMBEDDING)
-        return [{spec.EMBEDDING: part} for part in parts]
+        sizes = [len(texts) for texts in items]
+        parts = bk.split_rows(vectors, sizes, spec.EMBEDDING)
+        counts = bk.split_rows(token_counts(tokens), sizes, spec.TOKENS)
+        return [{spec.EMBEDDING: p, spec.TOKENS: c} for p, c in zip(parts, counts, strict=True)]
 
     def execute(self, requests):
         """Every text of every request in one tokenizer call and sorted encoder runs."""
         return bk.execute(requests, self._parse, self._run, model=self.name, rows=len, isolate=True)
+
+
+class TextRowsModel:
+    """texts_as_batch: a 1-D batch of texts [N] → embed's rows [N, 1], nothing else.
+
+    The texts are checked where they are embedded; here only their count: none, or more than
+    embed takes in one request (``spec.MAX_TEXTS``), is this request's error.
+    """
+
+    def initialize(self, args):
+        """Keep the model's name for error messages."""
+        self.name = args["model_name"]
+
+    def _parse(self, request) -> np.ndarray:
+        texts = bk.input_array(request, spec.TEXTS)
+        if texts is None or texts.size == 0:
+            raise bk.RequestError(f"{spec.TEXTS} holds no texts: send a 1-D batch of texts")
+        if texts.ndim != 1:
+            raise bk.RequestError(f"{spec.TEXTS} must be 1-D [N], got shape {list(texts.shape)}")
+        if len(texts) > spec.MAX_TEXTS:
+            raise bk.RequestError(
+                f"{spec.TEXTS} has {len(texts)} texts; at most {spec.MAX_TEXTS} fit in one request"
+            )
+        return texts
+
+    @staticmethod
+    def _run(items: list[np.ndarray]) -> list[dict]:
+        return [{spec.TEXT: texts.reshape(-1, 1)} for texts in items]
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len)

@@ -53,15 +53,31 @@ CONTRACT[spec.ENSEMBLE] = (
 TOKENS = {emb.INPUT_IDS: (mc.TYPE_INT64, [-1]), emb.ATTENTION_MASK: (mc.TYPE_INT64, [-1])}
 TEXT = {emb.TEXT: (mc.TYPE_STRING, [1])}
 EMBEDDING = {emb.EMBEDDING: (mc.TYPE_FP32, [emb.HIDDEN_SIZE])}
+COUNTED = {**EMBEDDING, emb.TOKENS: (mc.TYPE_INT32, [1])}  # embeddings and their word pieces
 CONTRACT.update(
     {
-        emb.TOKENIZE: (TEXT, TOKENS),
+        emb.TOKENIZE: (TEXT, {**TOKENS, emb.TOKENS: (mc.TYPE_INT32, [1])}),
         emb.ENCODER: (TOKENS, EMBEDDING),
+        emb.TOKENIZE_ENCODE: (TEXT, COUNTED),
         emb.ENSEMBLE: (TEXT, EMBEDDING),
-        "embed_int8": (TEXT, EMBEDDING),
+        emb.INT8_ENSEMBLE: (TEXT, EMBEDDING),
         emb.GRAPH_ENSEMBLE: (TEXT, EMBEDDING),
+        **{ensemble: (TEXT, COUNTED) for ensemble in emb.OPENAI_MODELS.values()},
+        # 1-D batches of texts: no batch dimension of Triton's, the texts' own instead.
+        emb.TEXT_ROWS: ({emb.TEXTS: (mc.TYPE_STRING, [-1])}, {emb.TEXT: (mc.TYPE_STRING, [-1, 1])}),
+        emb.TEXTS_ENSEMBLE: (
+            {emb.TEXTS: (mc.TYPE_STRING, [-1])},
+            {emb.EMBEDDING: (mc.TYPE_FP32, [-1, emb.HIDDEN_SIZE])},
+        ),
     }
 )
+
+
+def test_a_request_of_texts_holds_what_embed_takes_at_once():
+    """texts_as_batch's limit, and the gateway's chunks, are embed's max_batch_size."""
+    for model in (emb.ENSEMBLE, emb.INT8_ENSEMBLE, *emb.OPENAI_MODELS.values()):
+        assert parse(MODEL_REPOSITORY / model / "config.pbtxt").max_batch_size == emb.MAX_TEXTS
+    assert parse(MODEL_REPOSITORY / emb.TEXT_ROWS / "config.pbtxt").max_batch_size == 0
 
 
 def test_repository_has_the_classification_models():
@@ -124,14 +140,23 @@ def test_environment_configs_pick_the_right_devices(model):
 
 @pytest.mark.parametrize("environment", [None, *ENVIRONMENTS])
 def test_ensemble_wiring(environment: str | None):
-    """Each step's maps name real inputs/outputs, every tensor has a producer, types agree."""
+    """Each step's maps name real inputs/outputs, every tensor has a producer, types agree.
+
+    Shapes are compared whole: a batching model's tensors have the batch dimension in front of
+    their dims, so a non-batching ensemble's [-1, 1] is a batching step's [1].
+    """
+
+    def full(model, tensor) -> tuple[int, list[int]]:
+        dims = list(tensor.dims)
+        return tensor.data_type, [-1, *dims] if model.max_batch_size > 0 else dims
+
     for ensemble_dir in MODEL_REPOSITORY.iterdir():
         if not (ensemble_dir / "config.pbtxt").exists():
             continue
         ensemble = resolve(ensemble_dir, environment)
         if ensemble.platform != "ensemble":
             continue
-        available = {t.name: (t.data_type, list(t.dims)) for t in ensemble.input}
+        available = {t.name: full(ensemble, t) for t in ensemble.input}
         for step in ensemble.ensemble_scheduling.step:
             model = resolve(MODEL_REPOSITORY / step.model_name, environment)
             assert model.max_batch_size >= ensemble.max_batch_size, step.model_name
@@ -141,17 +166,15 @@ def test_ensemble_wiring(environment: str | None):
             assert required <= set(step.input_map), f"{step.model_name} misses inputs"
             for key, tensor in step.input_map.items():
                 assert tensor in available, f"{tensor} is used before any step produces it"
-                assert available[tensor][0] == model_inputs[key].data_type, (step.model_name, key)
-                assert available[tensor][1] == list(model_inputs[key].dims), (step.model_name, key)
+                assert available[tensor] == full(model, model_inputs[key]), (step.model_name, key)
             model_outputs = {t.name: t for t in model.output}
             assert set(step.output_map) <= set(model_outputs), step.model_name
             for key, tensor in step.output_map.items():
                 assert tensor not in available, f"{tensor} is produced twice"
-                out = model_outputs[key]
-                available[tensor] = (out.data_type, list(out.dims))
+                available[tensor] = full(model, model_outputs[key])
         for out in ensemble.output:
             assert out.name in available, f"ensemble output {out.name} is never produced"
-            assert available[out.name] == (out.data_type, list(out.dims))
+            assert available[out.name] == full(ensemble, out)
 
 
 def test_exported_onnx_matches_the_spec(classifier_onnx):

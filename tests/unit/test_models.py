@@ -180,6 +180,10 @@ def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text(monke
     long_ids, _ = espec.tokenize([long_, short])
     np.testing.assert_array_equal(output(responses[2], espec.INPUT_IDS), long_ids)
     assert output(responses[2], espec.INPUT_IDS).shape[1] > ids.shape[1]
+    # TOKENS: each text's own word pieces, not its padded length.
+    counts = [[len(t)] for t in espec.encode([long_, short])[0]]
+    np.testing.assert_array_equal(output(responses[2], espec.TOKENS), counts)
+    assert output(responses[0], espec.TOKENS).tolist() == [[int(mask.sum())]]
     assert failed(responses[3], INVALID, "no texts in the request")
     assert failed(responses[4], CANCELLED, "cancelled")
 
@@ -298,6 +302,9 @@ def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
     np.testing.assert_allclose(output(responses[0], espec.EMBEDDING), want[:2], atol=1e-5)
     assert failed(responses[1], INVALID, f"{espec.TEXT}[1]: not UTF-8")
     np.testing.assert_allclose(output(responses[2], espec.EMBEDDING), want[2:], atol=1e-5)
+    # Each request's TOKENS are its own texts' word pieces, in its order (not the sort's).
+    assert output(responses[0], espec.TOKENS).tolist() == [[len(long_ids)], [len(short_ids)]]
+    assert output(responses[2], espec.TOKENS).tolist() == [[len(other_ids)]]
     assert failed(responses[3], INVALID, "empty text")
     assert failed(responses[4], CANCELLED, "cancelled")
     real = len(long_ids) + len(short_ids) + len(other_ids)
@@ -306,6 +313,29 @@ def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
     # Version 2 opens the encoder's INT8 graph.
     int8 = load(espec.TOKENIZE_ENCODE, version="2")
     assert int8.session._model_path.endswith("encoder/2/model.onnx")
+
+
+def test_texts_as_batch_makes_rows_of_a_1d_batch_and_refuses_none_or_too_many():
+    model = load(espec.TEXT_ROWS)
+    batch = np.array([b"first", b"second", b"third"], dtype=np.object_)
+    too_many = np.array([b"t"] * (espec.MAX_TEXTS + 1), dtype=np.object_)
+    responses = model.execute(
+        [
+            request(**{espec.TEXTS: batch}),
+            request(**{espec.TEXTS: np.zeros(0, np.object_)}),
+            request(**{espec.TEXTS: too_many}),
+            request(**{espec.TEXTS: batch.reshape(-1, 1)}),
+            request(cancelled=True, **{espec.TEXTS: batch}),
+            request(**{espec.TEXTS: batch[:1]}),
+        ]
+    )
+    rows = output(responses[0], espec.TEXT)
+    assert rows.shape == (3, 1) and rows.ravel().tolist() == batch.tolist()
+    assert failed(responses[1], INVALID, "holds no texts")
+    assert failed(responses[2], INVALID, f"{espec.MAX_TEXTS + 1} texts; at most {espec.MAX_TEXTS}")
+    assert failed(responses[3], INVALID, "must be 1-D [N], got shape [3, 1]")
+    assert failed(responses[4], CANCELLED, "cancelled")
+    assert output(responses[5], espec.TEXT).tolist() == [[b"first"]]
 
 
 def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(monkeypatch):
