@@ -63,9 +63,10 @@ configs: $(RENDERED_CONFIGS)
 models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX) \
 		$(EMBED_GRAPH_ONNX) configs
 
-# SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000".
+# SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000". GATEWAY=1 puts the
+# gateway in front (nginx with njs, `make tools`): OpenAI's embeddings API on :8080/v1.
 serve: models
-	$(PY) -m server --host $(HOST) $(SERVE_ARGS)
+	$(PY) -m $(if $(GATEWAY),gateway serve,server) --host $(HOST) $(SERVE_ARGS)
 
 # Whether the one-way import rules of pyproject.toml hold (import-linter), and the graph itself.
 imports: $(STAMP)
@@ -81,13 +82,15 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 # Debian packages the tests drive for real: promtool/prometheus check the Prometheus config and
-# evaluate the dashboard's queries; nginx is the load balancer in front of several servers.
+# evaluate the dashboard's queries; nginx is the load balancer in front of several servers, and
+# its njs module serves OpenAI's embeddings API (gateway/openai.js).
+NJS_MODULE := /usr/lib/nginx/modules/ngx_http_js_module.so
 tools:
-	@command -v promtool >/dev/null && command -v nginx >/dev/null || { \
-		echo "installing Debian's prometheus and nginx for the monitoring and sharding tests"; \
+	@command -v promtool >/dev/null && command -v nginx >/dev/null && test -f $(NJS_MODULE) || { \
+		echo "installing Debian's prometheus, nginx and its njs module for the gateway tests"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus nginx; }
+			prometheus nginx libnginx-mod-http-js; }
 
 test: lint models tools
 	$(PY) -m pytest -raR $(PYTEST_ARGS)

@@ -21,6 +21,7 @@ and every shaped request is a JSON line in the shaping log, which
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pwd
 import shutil
@@ -28,13 +29,24 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.shaping import ANONYMOUS, Limit, Limits, load_limits
+from pipelines import embedding as espec
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
 
-__all__ = ["LIMITS", "SHAPING_LOG", "TEMPLATE", "Nginx", "check_config", "find_nginx", "render"]
+__all__ = [
+    "LIMITS",
+    "SHAPING_LOG",
+    "TEMPLATE",
+    "Nginx",
+    "OpenAI",
+    "check_config",
+    "find_nginx",
+    "render",
+]
 
 # Beside this module: the container image holds gateway/, not docker/ (.dockerignore).
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
@@ -46,11 +58,56 @@ HTTP_INFER = (
     r"^/v2/models/(?<model_name>[^/]+)(/versions/[0-9]+)?/(infer|generate|generate_stream)$"
 )
 GRPC_INFER = r"^/inference\.GRPCInferenceService/(ModelInfer|ModelStreamInfer)$"
+# Where gateway/openai.js sends an OpenAI call's Triton requests, by OpenAI model id.
+OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/infer$"
 INSTALL_HINT = (
     "apt-get install -y --no-install-recommends nginx (Debian 12's nginx 1.22; `make tools`), "
     "or set $NGINX to an nginx binary"
 )
 USER_ID_HEADER = "X-User-Id"
+OPENAI_SCRIPT = Path(__file__).with_name("openai.js")
+# Where the njs module is: Debian's libnginx-mod-http-js, then the official nginx image's.
+JS_MODULES = (
+    "/usr/lib/nginx/modules/ngx_http_js_module.so",
+    "/etc/nginx/modules/ngx_http_js_module.so",
+)
+JS_INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends libnginx-mod-http-js (njs 0.7.9 for Debian 12's "
+    "nginx; `make tools`), or give the module's path"
+)
+
+
+def find_js_module() -> str:
+    """Path of nginx's njs module (``$NGINX_JS_MODULE``, then the known places).
+
+    Raises:
+        FileNotFoundError: no njs module; the message says how to install it.
+    """
+    for candidate in (os.environ.get("NGINX_JS_MODULE"), *JS_MODULES):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise FileNotFoundError(f"nginx's njs module not found: {JS_INSTALL_HINT}")
+
+
+@dataclass(frozen=True)
+class OpenAI:
+    """OpenAI's embeddings API at the gateway (gateway/openai.js), and what it serves.
+
+    Attributes:
+        module: nginx's njs module (``load_module``); None finds it here.
+        script_dir: the folder holding openai.js, as nginx will see it.
+        models: OpenAI model id → the Triton ensemble it calls (one that answers TOKENS).
+        max_inputs: the most texts one call may carry (more: 413).
+        chunk: texts per Triton request (the ensembles' max_batch_size).
+        max_body: ``client_max_body_size`` of the API, held in memory whole for the script.
+    """
+
+    module: str | None = None
+    script_dir: str = str(OPENAI_SCRIPT.parent)
+    models: tuple[tuple[str, str], ...] = tuple(espec.OPENAI_MODELS.items())
+    max_inputs: int = espec.MAX_OPENAI_INPUTS
+    chunk: int = espec.MAX_TEXTS
+    max_body: str = "16m"
 
 
 def find_nginx() -> str:
@@ -115,8 +172,13 @@ def _retry_after(limits: Limits) -> list[str]:
     return lines
 
 
-def shaping(limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG) -> dict[str, str]:
-    """The template's shaping fields: zones and maps, and the shaped inference locations."""
+def shaping(
+    limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG, openai: bool = False
+) -> dict[str, str]:
+    """The template's shaping fields: zones and maps, and the shaped inference locations.
+
+    With ``openai``, an OpenAI call's model is the id the API's script sets.
+    """
     header = "$http_" + limits.header.lower().replace("-", "_")
     tenant_defs, tenant_uses = _zones("tenant", "$tenant", dict(limits.tenants))
     model_defs, model_uses = _zones("model", "$triton_model", dict(limits.models))
@@ -124,16 +186,30 @@ def shaping(limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG) -> dict
     http = [
         "",
         "    # Traffic shaping (limits.toml): a token bucket per tenant and one per model.",
-        f"    map {header} $tenant {{",
+        f"    # The API key: the {limits.header} header, else an OpenAI client's bearer token.",
+        "    map $http_authorization $bearer_key {",
+        r'        "~^Bearer\s+(?<bearer>\S+)$" $bearer;',
+        '        default "";',
+        "    }",
+        f"    map {header} $api_key {{",
+        '        "" $bearer_key;',
+        f"        default {header};",
+        "    }",
+        "    map $api_key $tenant {",
         f"        default {ANONYMOUS};",
         *keys,
         "    }",
+        # An OpenAI call is shaped in its first Triton request (/_openai/<id>/infer) and logged
+        # as the call itself, under the model id the script sets ($openai_model).
         "    map $uri $triton_model {",
         f'        "~{HTTP_INFER}" $model_name;',
+        f'        "~{OPENAI_INFER}" $model_name;',
+        *(['        "/v1/embeddings" $openai_model;'] if openai else []),
         '        default "";',
         "    }",
-        "    map $server_port $shaping_protocol {",
-        f"        {grpc_port} grpc;",
+        '    map "$server_port $uri" $shaping_protocol {',
+        f'        "~^{grpc_port} " grpc;',
+        '        "~ /(v1|_openai)/" openai;',
         "        default http;",
         "    }",
         *tenant_defs,
@@ -183,6 +259,11 @@ def shaping(limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG) -> dict
     ]
     return {
         "@SHAPING@": "\n".join(http),
+        "@OPENAI_SHAPED@": "\n".join(
+            f"            {line}"
+            for line in (*tenant_uses, *model_uses, "error_page 429 = @refused;")
+        ),
+        "@OPENAI_LOG@": f"            access_log {log_path} shaping;",
         "@HTTP_SHAPED@": "\n".join(
             location(HTTP_INFER, tenant_uses + model_uses, "proxy_pass http://triton_http")
             + refused_http
@@ -192,6 +273,76 @@ def shaping(limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG) -> dict
             location(GRPC_INFER, tenant_uses, "grpc_pass grpc://triton_grpc") + refused_grpc
         ),
     }
+
+
+def openai_fields(openai: OpenAI | None) -> dict[str, str]:
+    """The template's fields of the OpenAI-compatible API (empty ones without it)."""
+    if openai is None:
+        return {"@MODULES@": "", "@OPENAI_HTTP@": "", "@OPENAI@": ""}
+    module = openai.module or find_js_module()
+    ids = " ".join(model for model, _ in openai.models)
+    too_large = json.dumps(
+        {
+            "error": {
+                "message": f"request body too large: at most {openai.max_body}",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_too_large",
+            }
+        }
+    )
+    triton = [f"        {model} {ensemble};" for model, ensemble in openai.models]
+    http = [
+        "",
+        "    # OpenAI's embeddings API (gateway/openai.js): /v1/embeddings and /v1/models.",
+        f'    js_path "{openai.script_dir}";',
+        "    js_import openai from openai.js;",
+        "    js_var $openai_model;",
+        "    map $openai_id $openai_triton {",
+        *triton,
+        '        default "";',
+        "    }",
+    ]
+    api = [
+        "",
+        "        # OpenAI's embeddings API: the script turns a call into Triton requests below.",
+        "        location = /v1/embeddings {",
+        f'            set $openai_models "{ids}";',
+        f"            set $openai_max_inputs {openai.max_inputs};",
+        f"            set $openai_chunk {openai.chunk};",
+        # The script reads the body from memory: it must never go to a temp file.
+        f"            client_max_body_size {openai.max_body};",
+        f"            client_body_buffer_size {openai.max_body};",
+        "            error_page 413 = @openai_too_large;",
+        "@OPENAI_LOG@",
+        "            js_content openai.embeddings;",
+        "        }",
+        "        location @openai_too_large {",
+        "            default_type application/json;",
+        f"            return 413 '{too_large}';",
+        "        }",
+        "        location = /v1/models {",
+        f'            set $openai_models "{ids}";',
+        "            js_content openai.models;",
+        "        }",
+        f'        location ~ "{OPENAI_INFER.replace("model_name", "openai_id")}" {{',
+        "            internal;",
+        "@OPENAI_SHAPED@",
+        # The script parses the body: no compression (Triton gzips when a client asks).
+        '            proxy_set_header Accept-Encoding "";',
+        # The whole answer of one Triton request (64 texts of 384 floats and a JSON header).
+        "            subrequest_output_buffer_size 1m;",
+        "            proxy_pass http://triton_http/v2/models/$openai_triton/infer;",
+        "        }",
+    ]
+    return {
+        "@MODULES@": f"load_module {module};",
+        "@OPENAI_HTTP@": "\n".join(http),
+        "@OPENAI@": "\n".join(api),
+    }
+
+
+SHAPING_FIELDS = ("@SHAPING@", "@HTTP_SHAPED@", "@GRPC_SHAPED@", "@OPENAI_SHAPED@", "@OPENAI_LOG@")
 
 
 def render(
@@ -208,6 +359,7 @@ def render(
     template: Path = TEMPLATE,
     limits: Limits | None = None,
     shaping_log: str = SHAPING_LOG,
+    openai: OpenAI | None = None,
 ) -> str:
     """The nginx config for these upstreams (``host:port`` each) and listen ports.
 
@@ -226,6 +378,7 @@ def render(
         limits: token buckets per tenant and model (``gateway.shaping``); None: no shaping.
         shaping_log: where nginx writes a JSON line per shaped request (relative paths are
             under nginx's prefix).
+        openai: serve OpenAI's embeddings API (/v1/embeddings, /v1/models) too; None: not.
 
     Returns:
         The config text.
@@ -242,10 +395,11 @@ def render(
         # Every server once at most: more tries would only come back to a failed one.
         "@TRIES@": str(max(len(http_upstreams), len(grpc_upstreams))),
     }
+    fields.update(openai_fields(openai))
     if limits is None:
-        fields.update({"@SHAPING@": "", "@HTTP_SHAPED@": "", "@GRPC_SHAPED@": ""})
+        fields.update(dict.fromkeys(SHAPING_FIELDS, ""))
     else:
-        fields.update(shaping(limits, grpc_port, shaping_log))
+        fields.update(shaping(limits, grpc_port, shaping_log, openai is not None))
     text = template.read_text()
     for name, value in fields.items():
         text = text.replace(name, value)
@@ -293,9 +447,11 @@ class Nginx(ManagedProcess):
         workers: int = 1,
         log_path: Path | None = None,
         limits: Limits | None = None,
+        openai: OpenAI | None = None,
     ):
         super().__init__(log_path)
         self.limits = limits
+        self.openai = openai
         self.binary = find_nginx()
         self.http_upstreams = list(http_upstreams)
         self.grpc_upstreams = list(grpc_upstreams)
@@ -356,6 +512,7 @@ class Nginx(ManagedProcess):
                 workers=self.workers,
                 user=user,
                 limits=self.limits,
+                openai=self.openai,
             )
         )
 
@@ -412,6 +569,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="also run `nginx -t` on it (needs nginx here)"
     )
     r.add_argument(
+        "--openai",
+        action="store_true",
+        help="serve OpenAI's embeddings API too (/v1/embeddings, /v1/models; needs njs)",
+    )
+    r.add_argument(
+        "--js-module",
+        help="path of nginx's njs module where nginx runs (default: found here, e.g. "
+        f"{JS_MODULES[0]}; the nginx image has {JS_MODULES[1]})",
+    )
+    r.add_argument(
+        "--js-dir",
+        default=str(OPENAI_SCRIPT.parent),
+        help=f"the folder where nginx finds {OPENAI_SCRIPT.name} (default: this checkout's)",
+    )
+    r.add_argument(
         "--shaping-log",
         default=SHAPING_LOG,
         help=f"where nginx writes a JSON line per shaped request (default {SHAPING_LOG})",
@@ -428,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         user=args.user,
         limits=load_limits(args.limits) if args.limits else None,
         shaping_log=args.shaping_log,
+        openai=OpenAI(module=args.js_module, script_dir=args.js_dir) if args.openai else None,
     )
     if args.check:
         try:

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from server.launcher import (
@@ -32,7 +33,7 @@ from server.launcher import (
     ServerConfig,
     ServerStartError,
 )
-from server.process import StartInterruptedError, StopRequests
+from server.process import ManagedProcess, StartInterruptedError, StopRequests
 from server.supervisor import StubSupervisor, explicit_control
 
 
@@ -92,11 +93,21 @@ EXIT_TIMEOUT_S = 5
 STOP_TIMEOUT_S = 12
 
 
-def main(argv: list[str] | None = None) -> int:
+# What may stand in front of the server (``python -m gateway serve``): made once the server is
+# ready, started after it and stopped before it. Returns the process, and what gives its
+# banner lines once it has started (its ports are known then).
+Front = Callable[[Server], tuple[ManagedProcess, Callable[[], str]]]
+
+
+def main(argv: list[str] | None = None, front: Front | None = None) -> int:
     """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM.
 
     A first SIGINT/SIGTERM stops the server (during start-up too); a second one while it stops
     kills it and its stubs at once. Either way nothing it started is left running.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+        front: a process to run in front of the server, such as the gateway.
     """
     # First of all: a signal from now on is counted, never raised in the middle of something.
     stops = StopRequests().install()
@@ -141,15 +152,29 @@ def main(argv: list[str] | None = None) -> int:
     except StartInterruptedError:
         print("interrupted during start-up; server stopped", file=sys.stderr)
         return 130
-    supervisor = None
+    supervisor = proxy = None
+    early_exit = None  # the status of a stop before the banner (the front failed, a signal)
     try:
         if supervise and not stops.count:
             supervisor = StubSupervisor.of(server).start()
+        lines = ""
+        if front is not None and not stops.count:
+            proxy, describe = front(server)
+            proxy.start(stop_requests=stops)
+            lines = describe()
         if not stops.count:
-            print(_banner(server, supervisor, shown_key), flush=True)
+            print(_banner(server, supervisor, shown_key, lines), flush=True)
         exited = _follow_log(server, stops)
+    except ServerStartError as exc:  # the front could not start
+        print(f"error: {exc}", file=sys.stderr)
+        exited, early_exit = False, 1
+    except StartInterruptedError:
+        print("interrupted during start-up; server stopped", file=sys.stderr)
+        exited, early_exit = False, 130
     finally:
         # Reached on a signal, on the server's exit and on any error above: always stop.
+        if proxy is not None:
+            proxy.stop(stop_requests=stops)
         if supervisor:
             supervisor.stop(timeout=2)
         if server.running():
@@ -158,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     if exited:
         print(f"tritonserver exited ({code})\n{server.log_tail()}")
         return 1
+    if early_exit is not None:
+        return early_exit
     print(f"stopped (exit status {code})")
     return 0
 
 
-def _banner(server: Server, supervisor: StubSupervisor | None, shown_key: str | None) -> str:
+def _banner(
+    server: Server, supervisor: StubSupervisor | None, shown_key: str | None, front: str = ""
+) -> str:
     config = server.config
     return (
         f"tritonserver ready ({server.installation.binary}, "
@@ -173,6 +202,7 @@ def _banner(server: Server, supervisor: StubSupervisor | None, shown_key: str | 
         f"  admin    {_admin_line(server, shown_key)}\n"
         f"  stubs    {'a dead one gets its model reloaded' if supervisor else 'not supervised'}\n"
         f"  log      {server.log_path}\n"
+        f"{front}"
         "Ctrl-C stops it."
     )
 

@@ -27,14 +27,19 @@ def load(path: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def resource(kind: str) -> dict:
-    (found,) = [doc for path in MANIFESTS for doc in load(path) if doc["kind"] == kind]
+def resource(kind: str, name: str | None = None) -> dict:
+    (found,) = [
+        doc
+        for path in MANIFESTS
+        for doc in load(path)
+        if doc["kind"] == kind and name in (None, doc["metadata"]["name"])
+    ]
     return found
 
 
 @pytest.fixture(scope="module")
 def deployment() -> dict:
-    return resource("Deployment")
+    return resource("Deployment", "triton")
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +102,7 @@ def test_kustomization_lists_every_manifest_and_the_image():
     assert sorted(kustomization["resources"]) == sorted(p.name for p in MANIFESTS)
     # A top-level namespace would move the adapter rules out of the adapter's namespace.
     assert "namespace" not in kustomization
-    image = resource("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    image = resource("Deployment", "triton")["spec"]["template"]["spec"]["containers"][0]["image"]
     name, tag = image.rsplit(":", 1)
     (entry,) = kustomization["images"]
     assert entry["name"] == name and entry.get("newTag", tag) == tag
@@ -196,7 +201,7 @@ def test_runs_as_triton_server_without_privileges(pod, container):
 
 # Service, PDB ------------------------------------------------------------------------------------
 def test_service_targets_the_pods_on_the_three_ports(pod, container):
-    service = resource("Service")
+    service = resource("Service", "triton")
     assert service["spec"]["type"] == "ClusterIP"
     assert selects(service["spec"]["selector"], pod["metadata"]["labels"])
     ports = {p["name"]: p for p in service["spec"]["ports"]}

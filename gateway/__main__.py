@@ -1,0 +1,91 @@
+"""``python -m gateway serve``: tritonserver with the gateway in front, in the foreground.
+
+The launcher's server (``python -m server``: every option after ``serve`` is its own) with nginx
+in front of it: Triton's HTTP and gRPC APIs through the gateway, and OpenAI's embeddings API
+(``POST /v1/embeddings``, ``GET /v1/models``) beside them. ``make serve GATEWAY=1`` runs it.
+
+Examples:
+    python -m gateway serve                                 # gateway on 8080 (HTTP) and 8081 (gRPC)
+    python -m gateway serve --limits docker/nginx/limits.toml --gateway-port 9000
+    OPENAI_BASE_URL=http://127.0.0.1:8080/v1 python my_rag_app.py
+
+Needs nginx and its njs module (Debian: ``apt-get install nginx libnginx-mod-http-js``;
+``make tools`` installs both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.nginx import Nginx, OpenAI, find_js_module, find_nginx
+from gateway.shaping import load_limits
+from pipelines import embedding as espec
+from server import __main__ as launcher
+
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_GRPC_PORT = 8081
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The gateway's own options, and the rest for the server's launcher."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="tritonserver with the gateway in front (other options: python -m server --help)",
+    )
+    serve.add_argument("--gateway-port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP")
+    serve.add_argument("--gateway-grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC")
+    serve.add_argument(
+        "--limits",
+        type=Path,
+        help="token buckets per tenant and model (docker/nginx/limits.toml); default: none",
+    )
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until Ctrl-C: the server first, then the gateway; stopped in reverse order."""
+    args, rest = parse_args(argv)
+    try:
+        find_nginx()
+        find_js_module()
+        limits = load_limits(args.limits) if args.limits else None
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    host = launcher.parse_args(rest).host
+
+    def front(server) -> tuple[Nginx, Callable[[], str]]:
+        nginx = Nginx(
+            [server.http_url],
+            [server.grpc_url],
+            http_port=args.gateway_port,
+            grpc_port=args.gateway_grpc_port,
+            host=host,
+            limits=limits,
+            openai=OpenAI(),
+        )
+        return nginx, lambda: banner(nginx, args.limits)
+
+    return launcher.main(rest, front=front)
+
+
+def banner(nginx: Nginx, limits: Path | None) -> str:
+    """The gateway's lines of the launcher's banner."""
+    shaping = f"token buckets of {limits}" if limits else "no token buckets"
+    return (
+        f"  OpenAI   http://{nginx.http_url}/v1 (embeddings: {', '.join(espec.OPENAI_MODELS)})\n"
+        f"  gateway  http://{nginx.http_url}/v2, gRPC {nginx.grpc_url} ({shaping})\n"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+// OpenAI's embeddings API in front of Triton, in nginx's njs (0.7.9, Debian 12's
+// libnginx-mod-http-js): no process of its own on the hot path.
+//
+// POST /v1/embeddings turns one OpenAI request into Triton inference requests on the model it
+// names (nginx sends `embed` to the ensemble `embed_with_tokens`, `embed_int8` to
+// `embed_int8_with_tokens`): TEXT [n, 1] in, EMBEDDING [n, 384] back (as Triton's JSON
+// numbers, or as raw float32 bytes for base64) and TOKENS [n, 1] (word pieces after
+// truncation, for usage). A call of more texts than the
+// model's max_batch_size goes out as several requests at once; their results are joined in
+// order. GET /v1/models lists the models. gateway/nginx.py renders the locations and sets:
+//   $openai_models      the model ids, space-separated
+//   $openai_max_inputs  the most texts one call may carry (413 above)
+//   $openai_chunk       texts per Triton request (the models' max_batch_size)
+// and the internal location /_openai/<model id>/infer, where the token buckets of
+// limits.toml apply (429 with Retry-After) and which proxies to Triton's HTTP endpoint.
+// Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+const DIMENSIONS = 384;
+const INFER = '/_openai/';
+
+function reply(r, status, body, headers) {
+    r.headersOut['Content-Type'] = 'application/json';
+    for (const name in headers || {}) {
+        r.headersOut[name] = headers[name];
+    }
+    r.return(status, JSON.stringify(body));
+}
+
+function ApiError(status, message, param, code, headers) {
+    this.status = status;
+    this.message = message;
+    this.param = param === undefined ? null : param;
+    this.code = code === undefined ? null : code;
+    this.headers = headers || {};
+}
+
+function fail(r, e) {
+    const type = e.status === 429 ? 'rate_limit_error'
+        : e.status >= 500 ? 'server_error' : 'invalid_request_error';
+    reply(r, e.status, {error: {message: e.message, type: type, param: e.param, code: e.code}},
+        e.headers);
+}
+
+function modelList(r) {
+    return r.variables.openai_models.split(' ').filter(function (m) { return m.length > 0; });
+}
+
+function models(r) {
+    if (r.method !== 'GET') {
+        return fail(r, new ApiError(405, 'use GET for /v1/models'));
+    }
+    const data = modelList(r).map(function (id) {
+        return {id: id, object: 'model', created: 0, owned_by: 'triton'};
+    });
+    reply(r, 200, {object: 'list', data: data});
+}
+
+// The request's JSON, after checking that the body is UTF-8 (JSON text must be).
+function body(r) {
+    const raw = r.requestBuffer;
+    if (raw === undefined) {
+        throw new ApiError(413, 'request body too large', null, 'request_too_large');
+    }
+    let text;
+    try {
+        text = new TextDecoder('utf-8', {fatal: true}).decode(raw);
+    } catch (e) {
+        throw new ApiError(400, 'request body is not valid UTF-8', null, 'invalid_encoding');
+    }
+    try {
+        return JSON.parse(text);
+    } catch (e) {
+        throw new ApiError(400, 'request body is not valid JSON: ' + e.message, null,
+            'invalid_json');
+    }
+}
+
+function isInteger(x) {
+    return typeof x === 'number' && Number.isInteger(x);
+}
+
+// The texts of `input`: a string or a list of strings. Token ids are refused.
+function texts(input, maxInputs) {
+    if (typeof input === 'string') {
+        input = [input];
+    }
+    if (!Array.isArray(input)) {
+        throw new ApiError(400, "'input' must be a string or a list of strings", 'input');
+    }
+    if (input.length === 0) {
+        throw new ApiError(400, "'input' is empty: send at least one text", 'input');
+    }
+    if (input.length > maxInputs) {
+        throw new ApiError(413, "'input' has " + input.length + ' texts; at most ' + maxInputs
+            + ' fit in one request', 'input', 'too_many_inputs');
+    }
+    if (isInteger(input[0]) || (Array.isArray(input[0]) && isInteger(input[0][0]))) {
+        throw new ApiError(400, 'token ids are not supported: send the texts, this server '
+            + "tokenizes them with the model's own tokenizer", 'input', 'token_ids_unsupported');
+    }
+    for (let i = 0; i < input.length; i++) {
+        if (typeof input[i] !== 'string') {
+            throw new ApiError(400, "'input[" + i + "]' must be a string, not "
+                + (input[i] === null ? 'null' : typeof input[i]), 'input');
+        }
+        if (input[i].length === 0) {
+            throw new ApiError(400, "'input[" + i + "]' is empty: expected at least one character",
+                'input');
+        }
+    }
+    return input;
+}
+
+function parse(r) {
+    const request = body(r);
+    if (request === null || typeof request !== 'object' || Array.isArray(request)) {
+        throw new ApiError(400, 'request body must be a JSON object');
+    }
+    const known = modelList(r);
+    if (typeof request.model !== 'string') {
+        throw new ApiError(400, "'model' must be the name of a model: " + known.join(', '),
+            'model');
+    }
+    if (known.indexOf(request.model) < 0) {
+        throw new ApiError(404, "model '" + request.model + "' does not exist; embedding models: "
+            + known.join(', '), 'model', 'model_not_found');
+    }
+    const encoding = request.encoding_format === undefined || request.encoding_format === null
+        ? 'float' : request.encoding_format;
+    if (encoding !== 'float' && encoding !== 'base64') {
+        throw new ApiError(400, "'encoding_format' must be 'float' or 'base64'",
+            'encoding_format');
+    }
+    if (request.dimensions !== undefined && request.dimensions !== null
+        && request.dimensions !== DIMENSIONS) {
+        throw new ApiError(400, "'dimensions' is not supported: " + request.model
+            + ' embeddings have ' + DIMENSIONS + ' dimensions', 'dimensions');
+    }
+    const maxInputs = parseInt(r.variables.openai_max_inputs);
+    return {model: request.model, texts: texts(request.input, maxInputs), encoding: encoding};
+}
+
+// Triton's request for some texts. Floats come back as Triton's own JSON numbers, which this
+// script splices into its answer as they are: formatting 384 floats a text here cost more than
+// the gateway's whole work (docs/models.md, "The gateway's cost"). base64 comes back as the
+// raw float32 bytes it encodes.
+function tritonRequest(chunk, encoding) {
+    return JSON.stringify({
+        inputs: [{name: 'TEXT', shape: [chunk.length, 1], datatype: 'BYTES', data: chunk}],
+        outputs: [
+            {name: 'EMBEDDING', parameters: {binary_data: encoding === 'base64'}},
+            {name: 'TOKENS', parameters: {binary_data: false}},
+        ],
+    });
+}
+
+// A Triton error as the OpenAI error a client should see.
+function tritonError(r, response, model) {
+    let message = 'upstream error ' + response.status;
+    try {
+        message = JSON.parse(response.responseText).error || message;
+    } catch (e) {
+        // not JSON: nginx's own page (no server answered)
+    }
+    if (response.status === 429) {
+        // add_header does not reach a subrequest's answer: the seconds come from the same map
+        // ($retry_after, by tenant and model), read for this call.
+        return new ApiError(429, message, null, 'rate_limit_exceeded',
+            {'Retry-After': r.variables.retry_after || '1'});
+    }
+    // No server answered, or the model is not (yet) loaded there.
+    if (response.status >= 500 || /unknown model|not ready|unavailable/i.test(message)) {
+        return new ApiError(503, 'model ' + model + ' is not ready: ' + message, null,
+            'model_not_ready', {'Retry-After': '1'});
+    }
+    return new ApiError(response.status === 400 ? 400 : 500, message, 'input');
+}
+
+// The numbers of output `name` in Triton's JSON text, as written there: "a,b,c".
+function jsonData(text, name) {
+    const at = text.indexOf('"name":"' + name + '"');
+    const start = at < 0 ? -1 : text.indexOf('"data":[', at);
+    if (start < 0) {
+        throw new ApiError(500, 'the model answered no ' + name);
+    }
+    return text.slice(start + 8, text.indexOf(']', start));
+}
+
+// [{embedding: its JSON text, tokens}] of one Triton response.
+function decode(response, count, encoding) {
+    const items = [];
+    let tokens;
+    if (encoding === 'base64') {
+        const buffer = response.responseBuffer;
+        const headerLength = parseInt(response.headersOut['Inference-Header-Content-Length']);
+        const header = buffer.slice(0, headerLength).toString();
+        tokens = JSON.parse('[' + jsonData(header, 'TOKENS') + ']');
+        const size = DIMENSIONS * 4;
+        // The only binary output: EMBEDDING's bytes follow the header.
+        if (buffer.length - headerLength !== count * size) {
+            throw new ApiError(500, 'the model answered ' + (buffer.length - headerLength)
+                + ' bytes of embeddings for ' + count + ' texts');
+        }
+        for (let i = 0; i < count; i++) {
+            const start = headerLength + i * size;
+            items.push('"' + buffer.slice(start, start + size).toString('base64') + '"');
+        }
+    } else {
+        const text = response.responseText;
+        tokens = JSON.parse('[' + jsonData(text, 'TOKENS') + ']');
+        const floats = jsonData(text, 'EMBEDDING').split(',');
+        if (floats.length !== count * DIMENSIONS) {
+            throw new ApiError(500, 'the model answered ' + floats.length + ' floats for '
+                + count + ' texts of ' + DIMENSIONS);
+        }
+        for (let i = 0; i < count; i++) {
+            items.push('[' + floats.slice(i * DIMENSIONS, (i + 1) * DIMENSIONS).join(',') + ']');
+        }
+    }
+    if (tokens.length !== count) {
+        throw new ApiError(500, 'the model counted tokens of ' + tokens.length + ' texts, not '
+            + count);
+    }
+    return items.map(function (embedding, i) { return {embedding: embedding, tokens: tokens[i]}; });
+}
+
+async function embeddings(r) {
+    try {
+        if (r.method !== 'POST') {
+            throw new ApiError(405, 'use POST for /v1/embeddings');
+        }
+        const call = parse(r);
+        r.variables.openai_model = call.model;  // for the shaping log
+        const size = parseInt(r.variables.openai_chunk);
+        const chunks = [];
+        for (let i = 0; i < call.texts.length; i += size) {
+            chunks.push(call.texts.slice(i, i + size));
+        }
+        const responses = await Promise.all(chunks.map(function (chunk) {
+            return r.subrequest(INFER + call.model + '/infer',
+                {method: 'POST', body: tritonRequest(chunk, call.encoding)});
+        }));
+        // Written out rather than JSON.stringify'd: the embeddings are JSON text already.
+        const data = [];
+        let tokens = 0;
+        for (let c = 0; c < chunks.length; c++) {
+            if (responses[c].status !== 200) {
+                throw tritonError(r, responses[c], call.model);
+            }
+            const items = decode(responses[c], chunks[c].length, call.encoding);
+            for (let i = 0; i < items.length; i++) {
+                data.push('{"object":"embedding","index":' + data.length + ',"embedding":'
+                    + items[i].embedding + '}');
+                tokens += items[i].tokens;
+            }
+        }
+        r.headersOut['Content-Type'] = 'application/json';
+        r.return(200, '{"object":"list","data":[' + data.join(',') + '],"model":'
+            + JSON.stringify(call.model) + ',"usage":{"prompt_tokens":' + tokens
+            + ',"total_tokens":' + tokens + '}}');
+    } catch (e) {
+        if (e instanceof ApiError) {
+            return fail(r, e);
+        }
+        r.error('openai.embeddings: ' + e.stack);
+        fail(r, new ApiError(500, 'internal error: ' + e.message));
+    }
+}
+
+export default {embeddings: embeddings, models: models};

@@ -1,0 +1,388 @@
+"""The embeddings for the clients people already use, against a real server and a real gateway.
+
+One tritonserver and nginx in front of it with OpenAI's embeddings API (gateway/openai.js) and
+token buckets. The clients are the real packages from PyPI: OpenAI's SDK, LiteLLM (its
+``triton/`` provider straight to Triton and through the gateway, its ``openai/`` provider),
+LangChain's OpenAIEmbeddings, and LlamaIndex's NvidiaTritonEmbedding call as its source makes
+it (tritonclient; the package itself is not on the index this project installs from). Every
+vector is compared with what ``embed`` answers for the same text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as httpclient
+
+from client.embed import EmbedClient
+from gateway import shaping
+from gateway.metrics import count_line, make_counter
+from gateway.nginx import Nginx, OpenAI
+from pipelines import embedding as spec
+from server import Server, ServerConfig
+from tests.helpers import batched_in_some_burst
+
+pytestmark = pytest.mark.integration
+
+MIN_COSINE = 0.99999
+CALM_KEY, TIGHT_KEY, PAIR_KEY = "calm-key-0001", "tight-key-0001", "pair-key-0001"
+TIGHT = shaping.Limit(rate=0.2, capacity=2)  # Retry-After: 5 s
+LIMITS = shaping.parse_limits(
+    {
+        "anonymous": {"rate": 1000, "capacity": 1000},
+        "tenants": {
+            "calm": {"keys": [CALM_KEY], "rate": 1000, "capacity": 1000},
+            "tight": {"keys": [TIGHT_KEY], "rate": TIGHT.rate, "capacity": TIGHT.capacity},
+            "pair": {"keys": [PAIR_KEY], "rate": 0.1, "capacity": 2},
+        },
+        "models": {},
+    }
+)
+MODELS = [
+    spec.ENSEMBLE,
+    spec.INT8_ENSEMBLE,
+    *spec.OPENAI_MODELS.values(),
+    spec.TEXTS_ENSEMBLE,
+]
+SENTENCES = [
+    "A man is eating food.",
+    "A man is riding a horse.",
+    "Triton batches requests across clients.",
+]
+
+
+@pytest.fixture(scope="module")
+def server(encoder_onnx, tmp_path_factory):
+    # LiteLLM's and the SDKs' pooled connections stay open: Triton waits for them at exit.
+    extra = ["--model-control-mode=explicit", "--exit-timeout-secs=3"]
+    extra += [f"--load-model={m}" for m in MODELS]
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0, extra_args=extra)
+    log_path = tmp_path_factory.mktemp("openai") / "tritonserver.log"
+    with Server(config, log_path=log_path) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(server, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("openai") / "nginx.log"
+    with Nginx(
+        [server.http_url], [server.grpc_url], limits=LIMITS, openai=OpenAI(), log_path=log_path
+    ) as nginx:
+        yield nginx
+
+
+def sdk(gateway, key: str = CALM_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{gateway.http_url}/v1", api_key=key, max_retries=0)
+
+
+def reference(server, texts: list[str], model: str = spec.ENSEMBLE) -> np.ndarray:
+    """What Triton's own model answers for these texts (the vectors every client must get)."""
+    with EmbedClient(server.http_url, "http", model=model) as client:
+        chunks = range(0, len(texts), spec.MAX_TEXTS)
+        return np.concatenate([client.embed(texts[i : i + spec.MAX_TEXTS]) for i in chunks])
+
+
+def assert_same_vectors(got, want) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == want.shape
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= MIN_COSINE, cosine.min()
+
+
+def tokens(texts: list[str]) -> int:
+    """Word pieces the model's own tokenizer makes of the texts (truncated at 256 each)."""
+    return sum(len(ids) for ids in spec.encode(texts)[0])
+
+
+# OpenAI's SDK ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", list(spec.OPENAI_MODELS))
+def test_floats_and_base64_are_the_models_vectors_with_their_token_usage(server, gateway, model):
+    client = sdk(gateway)
+    floats = client.embeddings.create(model=model, input=SENTENCES, encoding_format="float")
+    assert floats.model == model and [d.index for d in floats.data] == [0, 1, 2]
+    want = reference(server, SENTENCES, model)
+    assert_same_vectors([d.embedding for d in floats.data], want)
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == tokens(SENTENCES)
+    # base64 as it travels: little-endian float32, what the SDK decodes by default.
+    raw = client.embeddings.with_raw_response.create(
+        model=model, input=SENTENCES, encoding_format="base64"
+    )
+    body = json.loads(raw.http_response.text)
+    vectors = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in body["data"]]
+    assert_same_vectors(vectors, want)
+    default = client.embeddings.create(model=model, input=SENTENCES[0])  # the SDK asks base64
+    # Alone, as the reference runs it: INT8 scales activations per run, so its vector of a text
+    # depends on the texts it runs with (docs/models.md).
+    assert_same_vectors([default.data[0].embedding], reference(server, SENTENCES[:1], model))
+
+
+def test_a_list_of_100_texts_comes_back_in_order(server, gateway):
+    texts = [f"document {i}: {SENTENCES[i % 3]} ({'word ' * (i % 40)})" for i in range(100)]
+    result = sdk(gateway).embeddings.create(model="embed", input=texts, encoding_format="float")
+    assert [d.index for d in result.data] == list(range(100))
+    assert_same_vectors([d.embedding for d in result.data], reference(server, texts))
+    assert result.usage.prompt_tokens == tokens(texts)
+
+
+def test_models_are_listed_and_an_unknown_one_is_404(gateway):
+    client = sdk(gateway)
+    assert [m.id for m in client.models.list().data] == list(spec.OPENAI_MODELS)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.embeddings.create(model="text-embedding-3-small", input="hello")
+    assert err.value.body["code"] == "model_not_found"
+    assert "embed, embed_int8" in err.value.body["message"]
+
+
+def test_over_long_texts_are_truncated_at_256_word_pieces_and_counted(server, gateway):
+    long_ = "retrieval " * 600
+    result = sdk(gateway).embeddings.create(
+        model="embed", input=[long_, SENTENCES[0]], encoding_format="float"
+    )
+    assert result.usage.prompt_tokens == spec.MAX_TOKENS + tokens(SENTENCES[:1])
+    assert_same_vectors(
+        [d.embedding for d in result.data], reference(server, [long_, SENTENCES[0]])
+    )
+
+
+# Bad input: a clear error for that call, and the gateway serves on -------------------------------
+BAD_CALLS = {
+    "empty list": ({"input": []}, 400, "'input' is empty"),
+    "empty text": ({"input": ["fine", ""]}, 400, "'input[1]' is empty"),
+    "not a string": ({"input": ["fine", 3]}, 400, "'input[1]' must be a string, not number"),
+    "null item": ({"input": [None]}, 400, "'input[0]' must be a string, not null"),
+    "token ids": ({"input": [[101, 7592, 102]]}, 400, "token ids are not supported"),
+    "flat token ids": ({"input": [101, 7592, 102]}, 400, "token ids are not supported"),
+    "too many": ({"input": ["t"] * (spec.MAX_OPENAI_INPUTS + 1)}, 413, "at most 2048"),
+    "dimensions": ({"input": "x", "dimensions": 64}, 400, "have 384 dimensions"),
+    "encoding": ({"input": "x", "encoding_format": "int8"}, 400, "'float' or 'base64'"),
+    "whitespace only": ({"input": ["   "]}, 400, "only whitespace"),
+    "no model": ({"input": "x", "model": None}, 400, "'model' must be the name of a model"),
+}
+
+
+def post(gateway, body: bytes, key: str = CALM_KEY) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(
+        f"http://{gateway.http_url}/v1/embeddings",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), dict(exc.headers)
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_bad_input_is_refused_in_openais_error_shape(gateway, case):
+    fields, status, message = BAD_CALLS[case]
+    got, body, _ = post(gateway, json.dumps({"model": "embed", **fields}).encode())
+    assert got == status, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert message in body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
+    # The same gateway answers the next call.
+    assert post(gateway, json.dumps({"model": "embed", "input": "fine"}).encode())[0] == 200
+
+
+def test_invalid_utf8_non_json_and_oversized_bodies_are_refused(gateway):
+    assert post(gateway, b'{"model": "embed", "input": "caf\xe9"}')[:1] == (400,)
+    status, body, _ = post(gateway, b'{"model": "embed", "input": "caf\xe9"}')
+    assert body["error"]["code"] == "invalid_encoding"
+    status, body, _ = post(gateway, b'{"model": "embed", "input": ')
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    huge = json.dumps({"model": "embed", "input": "x" * (17 << 20)}).encode()
+    status, body, _ = post(gateway, huge)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    # A text over the server's 256 KiB limit is refused by the model, in OpenAI's shape.
+    status, body, _ = post(gateway, json.dumps({"model": "embed", "input": "y" * 300_000}).encode())
+    assert status == 400 and "text too large" in body["error"]["message"]
+    assert post(gateway, json.dumps({"model": "embed", "input": "fine"}).encode())[0] == 200
+
+
+# Shaping, metrics, readiness ---------------------------------------------------------------------
+def test_a_tenant_over_its_bucket_gets_429_with_retry_after(gateway):
+    bearer = sdk(gateway, TIGHT_KEY)
+    admitted = [bearer.embeddings.create(model="embed", input=f"t{i}") for i in range(2)]
+    assert len(admitted) == TIGHT.capacity
+    with pytest.raises(openai.RateLimitError) as err:
+        bearer.embeddings.create(model="embed", input="one too many")
+    assert err.value.response.headers["retry-after"] == str(math.ceil(1 / TIGHT.rate))
+    assert err.value.body["code"] == "rate_limit_exceeded"
+    # The same key in the gateway's own header names the same tenant, and its bucket is empty.
+    request = urllib.request.Request(
+        f"http://{gateway.http_url}/v1/embeddings",
+        data=json.dumps({"model": "embed", "input": "x"}).encode(),
+        headers={"Content-Type": "application/json", "X-Api-Key": TIGHT_KEY},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 429
+    # Other tenants are not held back.
+    assert sdk(gateway).embeddings.create(model="embed", input="calm").data
+
+
+def test_a_call_of_many_texts_takes_one_token(gateway):
+    client = sdk(gateway, PAIR_KEY)
+    texts = [f"chunked text {i}" for i in range(3 * spec.MAX_TEXTS)]  # three Triton requests
+    for _ in range(2):  # the bucket holds two tokens
+        assert len(client.embeddings.create(model="embed", input=texts).data) == len(texts)
+    with pytest.raises(openai.RateLimitError):
+        client.embeddings.create(model="embed", input=texts[:1])
+
+
+def test_the_gateway_counts_openai_calls_by_tenant_and_outcome(gateway):
+    client = sdk(gateway, "not-a-known-key-1")  # anonymous
+    for i in range(3):
+        client.embeddings.create(model="embed_int8", input=f"counted {i}")
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    counter = make_counter(registry)
+    for line in gateway.shaping_log.read_text().splitlines():
+        count_line(counter, line)
+    value = registry.get_sample_value
+    labels = {"gateway": "nginx", "tenant": "anonymous", "model": "embed_int8"}
+    assert (
+        value(f"{shaping.METRIC}_total", {**labels, "protocol": "openai", "outcome": "admitted"})
+        == 3
+    )
+    tight = {"gateway": "nginx", "tenant": "tight", "model": "embed", "protocol": "openai"}
+    assert value(f"{shaping.METRIC}_total", {**tight, "outcome": "refused"}) >= 1
+
+
+def test_503_while_the_model_is_not_loaded_and_200_once_it_is(server, gateway):
+    client = sdk(gateway)
+    headers = server.admin_headers("http")
+    with httpclient.InferenceServerClient(server.http_url) as admin:
+        admin.unload_model(spec.OPENAI_MODELS["embed_int8"], headers=headers)
+        try:
+            with pytest.raises(openai.InternalServerError) as err:
+                client.embeddings.create(model="embed_int8", input="not yet")
+            assert err.value.status_code == 503 and err.value.body["code"] == "model_not_ready"
+            assert err.value.response.headers["retry-after"] == "1"
+        finally:
+            admin.load_model(spec.OPENAI_MODELS["embed_int8"], headers=headers)
+    assert client.embeddings.create(model="embed_int8", input="ready again").data
+
+
+def test_503_when_no_server_answers(tmp_path):
+    dead = ["127.0.0.1:1"]
+    with (
+        Nginx(dead, dead, openai=OpenAI(), log_path=tmp_path / "n.log") as down,
+        pytest.raises(openai.InternalServerError) as err,
+    ):
+        sdk(down).embeddings.create(model="embed", input="anyone?")
+    assert err.value.status_code == 503 and err.value.body["code"] == "model_not_ready"
+
+
+# Other clients -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def litellm():
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
+    import litellm as module
+
+    return module
+
+
+@pytest.mark.parametrize("via", ["server", "gateway"])
+def test_litellm_triton_provider_gets_embeds_vectors(server, gateway, litellm, via):
+    base = server.http_url if via == "server" else gateway.http_url
+    result = litellm.embedding(
+        model=f"triton/{spec.TEXTS_ENSEMBLE}",
+        api_base=f"http://{base}/v2/models/{spec.TEXTS_ENSEMBLE}/infer",
+        input=SENTENCES,
+    )
+    assert [d["index"] for d in result.data] == [0, 1, 2]
+    assert_same_vectors([d["embedding"] for d in result.data], reference(server, SENTENCES))
+
+
+def test_litellm_openai_provider_through_the_gateway(server, gateway, litellm):
+    result = litellm.embedding(
+        model="openai/embed",
+        api_base=f"http://{gateway.http_url}/v1",
+        api_key=CALM_KEY,
+        input=SENTENCES,
+        encoding_format="float",
+    )
+    assert_same_vectors([d["embedding"] for d in result.data], reference(server, SENTENCES))
+    assert result.usage.prompt_tokens == tokens(SENTENCES)
+
+
+@pytest.mark.parametrize("via", ["server", "gateway"])
+def test_llamaindex_nvidia_triton_call_shape(server, gateway, via):
+    """llama_index.embeddings.nvidia_triton.NvidiaTritonEmbedding.get_general_text_embeddings,
+    with input_tensor_name="input_text" and output_tensor_name="EMBEDDING"."""
+    url = server.http_url if via == "server" else gateway.http_url
+    input_data = httpclient.InferInput(spec.TEXTS, [len(SENTENCES)], "BYTES")
+    input_data.set_data_from_numpy(np.array(SENTENCES, dtype=np.object_))
+    output_data = httpclient.InferRequestedOutput(spec.EMBEDDING)
+    client = httpclient.InferenceServerClient(url=url)
+    response = client.infer(
+        model_name=spec.TEXTS_ENSEMBLE, inputs=[input_data], outputs=[output_data], request_id="7"
+    )
+    client.close()
+    embeddings = [e.tolist() for e in response.as_numpy(spec.EMBEDDING)]
+    assert_same_vectors(embeddings, reference(server, SENTENCES))
+
+
+def test_langchain_openai_embeddings_through_the_gateway(server, gateway):
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(
+        model="embed",
+        base_url=f"http://{gateway.http_url}/v1",
+        api_key=CALM_KEY,
+        # Send texts: by default it sends tiktoken ids, which only OpenAI's models read.
+        check_embedding_ctx_length=False,
+    )
+    want = reference(server, SENTENCES)
+    assert_same_vectors(embeddings.embed_documents(SENTENCES), want)
+    assert_same_vectors([embeddings.embed_query(SENTENCES[0])], want[:1])
+
+
+def test_1d_requests_are_batched_with_each_other(server):
+    def burst() -> int:
+        def one(i: int) -> None:
+            texts = [f"burst text {i} a", f"burst text {i} b"]
+            with httpclient.InferenceServerClient(server.http_url) as client:
+                tensor = httpclient.InferInput(spec.TEXTS, [2], "BYTES")
+                tensor.set_data_from_numpy(np.array(texts, dtype=np.object_))
+                got = client.infer(spec.TEXTS_ENSEMBLE, [tensor]).as_numpy(spec.EMBEDDING)
+            assert_same_vectors(got, reference(server, texts))
+
+        with httpclient.InferenceServerClient(server.http_url) as stats:
+            before = executions(stats)
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(one, range(16)))
+            return executions(stats) - before
+
+    def executions(client) -> int:
+        (version,) = [
+            v
+            for v in client.get_inference_statistics(spec.TOKENIZE_ENCODE)["model_stats"]
+            if v["version"] == "1"
+        ]
+        return int(version["execution_count"])
+
+    # 16 requests of 2 texts reach embed's step in fewer executions than requests.
+    assert batched_in_some_burst(burst, 16)
+
+
+def test_a_bad_text_fails_only_its_1d_request(server):
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        bad = httpclient.InferInput(spec.TEXTS, [2], "BYTES")
+        bad.set_data_from_numpy(np.array([b"fine", b"\xff\xfe"], dtype=np.object_))
+        with pytest.raises(Exception, match="not UTF-8"):
+            client.infer(spec.TEXTS_ENSEMBLE, [bad])
+        good = httpclient.InferInput(spec.TEXTS, [1], "BYTES")
+        good.set_data_from_numpy(np.array(["fine"], dtype=np.object_))
+        assert client.infer(spec.TEXTS_ENSEMBLE, [good]).as_numpy(spec.EMBEDDING).shape == (1, 384)

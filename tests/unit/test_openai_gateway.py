@@ -1,0 +1,129 @@
+"""The OpenAI-compatible gateway's config: what nginx -t says of it, and the deployments' renders.
+
+``nginx -t`` loads the njs module and compiles gateway/openai.js, so a rendered config that
+passes it has a script nginx can run. Compose and Kubernetes render the config inside this
+repository's image, which holds only what the Dockerfile copies: their commands are run here
+against a copy of exactly that.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway import nginx as gw
+from gateway.shaping import load_limits
+from pipelines import embedding as spec
+from tests.helpers import REPO
+
+UPSTREAMS = (["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001)
+IMAGE_MODULE = "/etc/nginx/modules/ngx_http_js_module.so"
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    try:
+        gw.find_js_module()
+        return gw.find_nginx()
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (`make test` installs both: `make tools`)")
+
+
+@pytest.mark.parametrize("shaped", [False, True], ids=["plain", "shaped"])
+def test_the_openai_config_passes_nginx_t(binary, shaped):
+    limits = load_limits(gw.LIMITS) if shaped else None
+    text = gw.render(*UPSTREAMS, limits=limits, openai=gw.OpenAI())
+    gw.check_config(text, binary)
+    assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
+    assert f'set $openai_models "{" ".join(spec.OPENAI_MODELS)}";' in text
+    for model, ensemble in spec.OPENAI_MODELS.items():
+        assert f"{model} {ensemble};" in text
+    # Shaped, the OpenAI call's Triton requests take the tenant's and the model's tokens.
+    assert ("limit_req zone=tenant_team-a" in text.split("internal;")[1]) == shaped
+    assert ("$bearer" in text) == shaped
+
+
+def test_nginx_t_compiles_the_script_and_refuses_a_broken_one(binary, tmp_path):
+    broken = gw.OPENAI_SCRIPT.read_text().replace("function reply(", "function reply((", 1)
+    (tmp_path / gw.OPENAI_SCRIPT.name).write_text(broken)
+    text = gw.render(*UPSTREAMS, openai=gw.OpenAI(script_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="SyntaxError"):
+        gw.check_config(text, binary)
+
+
+def test_without_openai_there_is_no_njs(binary):
+    text = gw.render(*UPSTREAMS, limits=load_limits(gw.LIMITS))
+    gw.check_config(text, binary)
+    assert "load_module" not in text and "/v1/" not in text
+
+
+# The deployments' render commands, inside a copy of the image's files ----------------------------
+def image_files(root: Path) -> Path:
+    """/opt/app as docker/Dockerfile builds it: the sources it COPYs (no exported models)."""
+    app = root / "opt" / "app"
+    app.mkdir(parents=True)
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    for source, target in re.findall(r"^COPY (\S+) (\S+)$", dockerfile, re.M):
+        if target.startswith("/"):
+            continue  # the requirements, outside the application
+        path = REPO / source
+        if path.is_dir():
+            shutil.copytree(path, app / target, ignore=shutil.ignore_patterns("*.onnx*"))
+        else:
+            shutil.copy(path, app / target)
+    return app
+
+
+def run_render(command: str, tmp_path: Path, binary: str) -> None:
+    """Run a deployment's render command here, with its paths moved under ``tmp_path``."""
+    app = image_files(tmp_path)
+    out = tmp_path / "gateway"
+    out.mkdir()
+    here = {  # in this order: /gateway is also part of the limits' path
+        "/etc/gateway/limits.toml": str(gw.LIMITS),
+        "/gateway": str(out),
+        IMAGE_MODULE: gw.find_js_module(),
+        # This environment's Python; `-m` imports from the working directory: the copy.
+        "python3 ": f"{shlex.quote(sys.executable)} ",
+        # The image's nginx user; this machine's nginx -t runs as whoever runs the tests.
+        "--user nginx": "",
+        # The Service's name resolves in the cluster (compose's network), not here.
+        "triton:": "127.0.0.1:",
+    }
+    for old, new in here.items():
+        command = command.replace(old, new)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(["sh", "-c", command], cwd=app, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    text = (out / "nginx.conf").read_text()
+    assert (out / "openai.js").read_text() == gw.OPENAI_SCRIPT.read_text()
+    assert f'js_path "{out}";' in text
+    assert "limit_req zone=tenant_team-a" in text  # the limits file was read
+    gw.check_config(text, binary)
+
+
+def test_composes_gateway_config_renders_from_the_image_alone(binary, tmp_path):
+    compose = yaml.safe_load((REPO / "docker" / "docker-compose.yml").read_text())
+    (command,) = compose["services"]["gateway-config"]["command"]
+    assert "--openai" in command and IMAGE_MODULE in command
+    run_render(command, tmp_path, binary)
+
+
+def test_the_kubernetes_gateway_renders_from_the_image_alone(binary, tmp_path):
+    (deployment,) = [
+        doc
+        for doc in yaml.safe_load_all((REPO / "docker" / "kubernetes" / "gateway.yaml").read_text())
+        if doc["kind"] == "Deployment"
+    ]
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    (command,) = init["args"]
+    assert init["command"] == ["/bin/sh", "-c"] and "--openai" in command
+    run_render(command, tmp_path, binary)
