@@ -88,15 +88,19 @@ def text_entries(texts: list[str]) -> list[dict]:
     return [{embedding.TEXT: {"content": [t], "shape": [1]}} for t in texts]
 
 
-def openai_entries(model: str, texts: list[str] | None = None) -> list[dict]:
+def openai_entries(
+    model: str, texts: list[str] | None = None, encoding_format: str | None = None
+) -> list[dict]:
     """The same texts as OpenAI-style /embeddings bodies (perf_analyzer's ``openai`` client).
 
-    One text per request, under ``model``, in the same order as ``entries`` (or ``texts``).
+    One text per request, under ``model``, in the same order as ``entries`` (or ``texts``);
+    with ``encoding_format`` (``base64`` is what OpenAI's SDK asks by default) if given.
     """
     if model not in TEXT_MODELS:
         raise KeyError("OpenAI-style bodies are made for the text models only")
     texts = list(text_samples.SENTENCES) if texts is None else texts
-    return [{"payload": [{"model": model, "input": [t]}]} for t in texts]
+    extra = {} if encoding_format is None else {"encoding_format": encoding_format}
+    return [{"payload": [{"model": model, "input": [t], **extra}]} for t in texts]
 
 
 def write(
@@ -107,10 +111,12 @@ def write(
     repeated: bool = False,
     openai: bool = False,
     mixed: bool = False,
+    encoding_format: str | None = None,
 ) -> Path:
-    """Write ``<model>[-mixed][-json|-repeated|-openai].json`` into ``directory``; its path.
+    """Write ``<model>[-mixed][-json|-repeated|-openai[-<format>]].json`` into ``directory``.
 
-    ``mixed``: the mixed-length texts (``mixed_texts``) instead of the short sample sentences.
+    ``mixed``: the mixed-length texts (``mixed_texts``) instead of the short sample sentences;
+    ``encoding_format``: the OpenAI bodies ask for it. Returns the path.
     """
     if mixed and model not in TEXT_MODELS:
         raise KeyError("mixed-length texts are made for the text models only")
@@ -119,7 +125,8 @@ def write(
         data = openai_entries(model, texts) if openai else text_entries(texts)
         suffix = "-mixed-openai" if openai else "-mixed"
     elif openai:
-        data, suffix = openai_entries(model), "-openai"
+        data = openai_entries(model, encoding_format=encoding_format)
+        suffix = "-openai" + (f"-{encoding_format}" if encoding_format else "")
     elif repeated:
         data, suffix = repeated_text(), "-repeated"
     elif as_json and model not in TEXT_MODELS:  # texts are the same in both formats

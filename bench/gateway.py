@@ -1,0 +1,168 @@
+"""What the gateway costs: the same texts straight to Triton, through nginx, and as OpenAI calls.
+
+``python -m bench.gateway`` starts one tritonserver and the gateway in front of it (nginx with
+OpenAI's embeddings API, gateway/openai.js), both held to the server's core, and drives them
+with perf_analyzer from the other core, one text per request, asynchronous calls, at each
+concurrency:
+
+* ``triton``: ``embed`` over HTTP with binary tensors, straight to the server;
+* ``nginx``: the same requests through the gateway's proxy (``/v2``);
+* ``openai``: ``POST /v1/embeddings`` bodies of the same texts through the gateway, which calls
+  ``embed_with_tokens`` (the same steps, and each text's word pieces), answered as floats;
+* ``openai-b64``: the same, answered in base64 (what OpenAI's SDK asks by default).
+
+The response cache is off for both models (perf_analyzer repeats its texts). Systems are
+interleaved within each round, so a busy machine slows each alike; the table gives texts/s and
+p99 per round, the median ratio to ``triton``, and where the core's time went: the share nginx
+took, and tritonserver's CPU time per text (both trees of processes, over each measurement)::
+
+    .venv/bin/python -m bench.gateway --rounds 3 --levels 8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import tritonclient.http as httpclient
+
+from bench import affinity, inputs, variants
+from bench import perf_analyzer as pa
+from bench.harness import split_cores
+from gateway.nginx import Nginx, OpenAI
+from pipelines import embedding as spec
+from server import Server, ServerConfig
+from server.launcher import MODEL_REPOSITORY
+
+log = logging.getLogger(__name__)
+
+SYSTEMS = ("triton", "nginx", "openai", "openai-b64")
+MODELS = (spec.ENSEMBLE, spec.OPENAI_MODELS[spec.ENSEMBLE])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and everything under it, so far."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for process in (root, *root.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
+def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_ms: int):
+    """The perf_analyzer run of each system (levels are given per measurement)."""
+    common = {
+        "protocol": "http",
+        "measurement_ms": measurement_ms,
+        "cpus": cpus,
+        "extra": ["--async"],
+    }
+    openai = {**common, "extra": ["--service-kind=openai", "--endpoint=v1/embeddings", "--async"]}
+    return {
+        "triton": pa.Run(spec.ENSEMBLE, server.http_url, input_data=data["kserve"], **common),
+        "nginx": pa.Run(spec.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common),
+        "openai": pa.Run(spec.ENSEMBLE, nginx.http_url, input_data=data["openai"], **openai),
+        "openai-b64": pa.Run(
+            spec.ENSEMBLE, nginx.http_url, input_data=data["openai-b64"], **openai
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print texts/s and p99 per system, level and round, and the ratios to ``triton``."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m bench.gateway --rounds 3 --levels 8,32",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--levels", default="8,32", help="concurrencies")
+    parser.add_argument("--measurement-ms", type=int, default=5000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    levels = [int(x) for x in args.levels.split(",")]
+    server_cpus, load_cpus = split_cores(sorted(os.sched_getaffinity(0)))
+    extra = ["--model-control-mode=explicit", *(f"--load-model={m}" for m in MODELS)]
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0, cpus=server_cpus)
+    config.extra_args = extra
+    points: dict[tuple[str, int], list[pa.Point]] = {}
+    # (system, level) -> [(nginx's share of the core, tritonserver's CPU ms per text)]
+    shares: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, Server(config) as server:
+        data = {
+            "kserve": inputs.write(spec.ENSEMBLE, Path(tmp)),
+            "openai": inputs.write(spec.ENSEMBLE, Path(tmp), openai=True),
+            "openai-b64": inputs.write(
+                spec.ENSEMBLE, Path(tmp), openai=True, encoding_format="base64"
+            ),
+        }
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            variants.set_response_cache(
+                client,
+                MODELS,
+                False,
+                MODEL_REPOSITORY,
+                server.config.model_config_name,
+                server.admin_headers("http"),
+            )
+        with Nginx([server.http_url], [server.grpc_url], openai=OpenAI()) as nginx:
+            log.info("%s", affinity.pin_and_report("nginx", nginx.process.pid, server_cpus))
+            log.info("server and nginx on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
+            by_system = runs(server, nginx, data, load_cpus, args.measurement_ms)
+            nginx_pid, triton_pid = nginx.process.pid, server.process.pid
+            for r in range(args.rounds):
+                order = SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]
+                for level in levels:
+                    for system in order:
+                        began = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
+                        point = pa.measure(by_system[system], level)
+                        ended = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
+                        wall, nginx_cpu, triton_cpu = (
+                            b - a for a, b in zip(began, ended, strict=True)
+                        )
+                        share = (nginx_cpu / wall, 1000 * triton_cpu / wall / point.throughput)
+                        points.setdefault((system, level), []).append(point)
+                        shares.setdefault((system, level), []).append(share)
+                        log.info(
+                            "round %d %-10s c=%-3d %7.1f texts/s  p99 %6.1f ms  nginx %4.1f %%"
+                            "  tritonserver %.2f ms/text",
+                            r + 1,
+                            system,
+                            level,
+                            point.throughput,
+                            point.p99_ms,
+                            100 * share[0],
+                            share[1],
+                        )
+    print(
+        "\nsystem      c     texts/s (rounds)        p99 ms (rounds)         ÷ triton"
+        "  nginx  tritonserver ms/text (medians)"
+    )
+    for level in levels:
+        base = statistics.median(p.throughput for p in points[("triton", level)])
+        for system in SYSTEMS:
+            got = points[(system, level)]
+            rate = statistics.median(p.throughput for p in got)
+            rates = ", ".join(f"{p.throughput:.1f}" for p in got)
+            p99s = ", ".join(f"{p.p99_ms:.1f}" for p in got)
+            nginx_share = statistics.median(s[0] for s in shares[(system, level)])
+            per_text = statistics.median(s[1] for s in shares[(system, level)])
+            print(
+                f"{system:11s} {level:<5d} {rates:23s} {p99s:23s} {rate / base:5.2f}x"
+                f"  {100 * nginx_share:4.1f}%  {per_text:.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
