@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import tool_env
 from pipelines import embedding
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, ServerStartError, client_host
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.0.78"
 REQUIREMENTS = (f"infinity-emb[server,optimum]=={VERSION}", "torch==2.13.0")
-HOME = REPO_ROOT / ".peers" / "infinity"
 # An existing environment with infinity-emb installed, used as it is instead of HOME/venv.
 VENV_VARIABLE = "INFINITY_PEER_VENV"
 ENGINE = "optimum"  # onnxruntime, CPUExecutionProvider
@@ -44,71 +44,20 @@ SERVED_NAME = embedding.ENSEMBLE  # perf_analyzer's -m, the "model" of every req
 ENDPOINT = "embeddings"
 PERF_ARGS = ("--service-kind=openai", f"--endpoint={ENDPOINT}", "--async")
 MIN_COSINE = 0.99
-INSTALL_TIMEOUT_S = 1800.0
 START_TIMEOUT_S = 300.0  # it times batches of 512-token texts before it answers /health
 
 
-class InfinityUnavailableError(RuntimeError):
-    """infinity-emb could not be installed, prepared or started here; the message says why."""
+# Failures to install, export or start: the run records why and goes on.
+InfinityUnavailableError = tool_env.ToolUnavailableError
+TOOL = tool_env.ToolEnvironment("infinity", REQUIREMENTS, "infinity_emb")
+HOME = TOOL.home
 
 
 def venv_dir(override: Path | None = None) -> Path:
     """The environment to run it from: ``override``, ``$INFINITY_PEER_VENV``, else our own."""
-    if override is not None:
-        return Path(override)
-    if os.environ.get(VENV_VARIABLE):
-        return Path(os.environ[VENV_VARIABLE])
-    return HOME / "venv"
-
-
-def install_commands(venv: Path, python: str = sys.executable) -> list[list[str]]:
-    """Create the environment, then install the pinned packages into it."""
-    return [
-        [python, "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *REQUIREMENTS],
-    ]
-
-
-def installed(venv: Path) -> bool:
-    """True if ``venv`` has the server's command."""
-    return (venv / "bin" / "infinity_emb").exists()
-
-
-def ensure_installed(venv: Path, log_path: Path, timeout_s: float = INSTALL_TIMEOUT_S) -> Path:
-    """Install infinity-emb into ``venv`` unless it is there; pip's output goes to ``log_path``.
-
-    Raises:
-        InfinityUnavailableError: a step failed or ran out of time; the message has its last lines.
-    """
-    stamp = venv / "installed.txt"
-    if installed(venv) and (stamp.exists() or venv != HOME / "venv"):
-        return venv
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as out:
-        for cmd in install_commands(venv):
-            out.write(f"$ {' '.join(cmd)}\n")
-            out.flush()
-            try:
-                done = subprocess.run(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise InfinityUnavailableError(f"`{' '.join(cmd)}` failed: {exc}") from None
-            if done.returncode != 0:
-                raise InfinityUnavailableError(
-                    f"`{' '.join(cmd)}` exited with {done.returncode}: {_tail(log_path)}"
-                )
-    if not installed(venv):
-        raise InfinityUnavailableError(f"pip finished but {venv}/bin/infinity_emb is missing")
-    stamp.write_text("\n".join(REQUIREMENTS) + "\n")
-    return venv
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    if override is None and os.environ.get(VENV_VARIABLE):
+        override = Path(os.environ[VENV_VARIABLE])
+    return TOOL.venv(override)
 
 
 def export_command(venv: Path, source: Path, output: Path) -> list[str]:
@@ -298,7 +247,7 @@ def start(
         InfinityUnavailableError: why it cannot run here.
     """
     install_log = install_log or out_dir / "infinity-install.log"
-    ensure_installed(venv, install_log)
+    TOOL.ensure(venv, install_log)
     model_dir = prepare_model(venv, log_path=out_dir / "infinity-export.log")
     server = InfinityServer(venv, model_dir, cpus=cpus, log_path=out_dir / "infinity.log")
     try:

@@ -5,7 +5,6 @@ Nothing here installs or starts infinity-emb.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -51,12 +50,14 @@ def test_server_runs_in_the_model_folder_behind_taskset_offline():
 
 
 def test_install_makes_its_own_environment_with_the_pinned_packages():
-    venv = Path("/r/.peers/infinity/venv")
-    create, install = infinity.install_commands(venv, python="/usr/bin/python3")
+    venv = infinity.TOOL.venv()
+    assert venv == infinity.HOME / "venv" and infinity.HOME.name == "infinity"
+    create, install = infinity.TOOL.install_commands(venv, python="/usr/bin/python3")
     assert create == ["/usr/bin/python3", "-m", "venv", str(venv)]
     assert install[:4] == [str(venv / "bin" / "python"), "-m", "pip", "install"]
     assert "infinity-emb[server,optimum]==0.0.78" in install
     assert "torch==2.13.0" in install
+    assert infinity.TOOL.command == "infinity_emb"
 
 
 def test_venv_choice(monkeypatch):
@@ -73,29 +74,6 @@ def test_export_writes_token_embeddings_for_infinity_to_pool():
     assert cmd[cmd.index("--task") + 1] == "feature-extraction"
     assert cmd[cmd.index("--library-name") + 1] == "transformers"
     assert cmd[-1] == "/out"
-
-
-def test_a_failed_install_says_why(tmp_path, monkeypatch):
-    fail = [sys.executable, "-c", "import sys; print('no matching distribution'); sys.exit(3)"]
-    monkeypatch.setattr(infinity, "install_commands", lambda venv: [fail])
-    log = tmp_path / "install.log"
-    with pytest.raises(infinity.InfinityUnavailableError, match="exited with 3") as exc:
-        infinity.ensure_installed(tmp_path / "venv", log)
-    assert "no matching distribution" in str(exc.value)
-    assert "no matching distribution" in log.read_text()
-
-
-def test_a_missing_interpreter_is_unavailable_not_a_crash(tmp_path, monkeypatch):
-    monkeypatch.setattr(infinity, "install_commands", lambda venv: [[str(tmp_path / "none")]])
-    with pytest.raises(infinity.InfinityUnavailableError, match="failed"):
-        infinity.ensure_installed(tmp_path / "venv", tmp_path / "install.log")
-
-
-def test_an_installed_environment_is_used_as_it_is(tmp_path, monkeypatch):
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "infinity_emb").touch()
-    monkeypatch.setattr(infinity, "install_commands", lambda venv: pytest.fail("installed"))
-    assert infinity.ensure_installed(tmp_path, tmp_path / "install.log") == tmp_path
 
 
 @pytest.mark.parametrize(
