@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models configs venv clean samples perf tools gpu-bundle gpu-check imports
+.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check imports
 
 venv: $(STAMP)
 
@@ -98,6 +98,14 @@ test: lint models tools
 # Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
 perf: models
 	$(PY) -m bench perf $(PERF_ARGS)
+
+# The SLO tuner (docs/performance.md): TUNE is classifier, encoder, classify, embed or shared;
+# it writes the winner as configs/local-tuned.pbtxt, served with --model-config-name local-tuned.
+TUNE ?= classify
+P99_MS ?= 100
+BUDGET_S ?= 300
+tune: models
+	$(PY) -m bench tune $(TUNE) --p99-ms $(P99_MS) --budget-s $(BUDGET_S) $(TUNE_ARGS)
 
 # The GPU check. With this venv: pack what a GPU host lacks into .gpu-bundle/ (its size:
 # docs/gpu.md), for the host's Python (GPU_PYTHON=3.10|3.11|3.12). On the GPU host (Python +

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 
-from bench import harness, infinity, inputs, perf_analyzer, report, tune, variants
+from bench import (
+    harness,
+    infinity,
+    inputs,
+    report,
+    tune,
+    tune_session,
+    variants,
+)
 
 EXAMPLES = """
 examples:
@@ -179,9 +186,10 @@ def run(args: argparse.Namespace) -> int:
 
 TUNE_EXAMPLES = """
 examples:
-  python -m bench tune classifier --p99-ms 40 --budget-s 300
-  python -m bench tune classify --p99-ms 80 --budget-s 300 --config-name local-tuned
-  python -m bench tune classifier --p99-ms 40 --brute-force   # also verify every candidate
+  python -m bench tune classify --p99-ms 100 --budget-s 300
+  python -m bench tune classify --p99-ms 100 --brute-force   # also verify every candidate
+  python -m bench tune shared --p99-ms 100   # classifier and encoder on one server, at once
+  python -m bench tune classifier --p99-ms 60   # one model: Triton Model Analyzer's search
 then serve with:  python -m server --model-config-name local-tuned
 """
 
@@ -195,7 +203,7 @@ def add_tune_parser(sub) -> None:
         epilog=TUNE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", choices=tuple(tune.RAW_KIND))
+    p.add_argument("model", choices=tune.TARGETS)
     p.add_argument("--p99-ms", type=float, required=True, help="latency SLO (client-side p99)")
     p.add_argument("--budget-s", type=float, default=300, help="time budget for verification")
     p.add_argument(
@@ -209,93 +217,67 @@ def add_tune_parser(sub) -> None:
 
 def tune_run(args: argparse.Namespace) -> int:
     """Measure raw curves, rank candidates, verify within the budget, write the winner."""
-    from bench.reference import ReferenceClassifier
-    from server.launcher import MODEL_REPOSITORY
-
     started = time.monotonic()
     server_cpus, client_cpus = cores(args)
     out = args.out or Path("results") / time.strftime("tune-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    n_cores = len(server_cpus)
-    space = tune.candidates(max_batch=32, max_instances=max(2, n_cores))
-    budgets = sorted({tune.threads_for(c, n_cores) for c in space})
-    kind = tune.RAW_KIND[args.model]
-    plan = harness.Plan.short()
-    plan.raw_model_batches = plan.raw_pipeline_batches = plan.raw_embed_batches = list(tune.BATCHES)
-    plan.raw_seconds = 1.0
-    raw = {}
-    for threads in budgets:
-        encoders = kind.startswith("embed")
-        raw[threads] = harness.measure_raw(server_cpus, threads, plan, encoders=encoders)[kind]
-        print(
-            f"raw {kind} curve, {threads} thread(s): "
-            + ", ".join(f"b{b}: {v:.0f}/s" for b, v in raw[threads].items())
+    try:
+        session = tune_session.Session(
+            args.model, args.p99_ms, out, server_cpus, client_cpus, args.config_name
         )
-    ranked = tune.rank(space, raw, n_cores, args.p99_ms)
-    print(f"{len(space)} candidates, {len(ranked)} predicted to meet p99 <= {args.p99_ms} ms")
-    data = inputs.write(args.model, out, ReferenceClassifier(harness.ONNX))
-    config = harness.server_config(server_cpus)
-    with harness.TritonUnderTest(config, out) as triton:
-        base = triton.server.config.model_config_name
-        if not tune.serves_tuned_steps(args.model, MODEL_REPOSITORY, base):
-            # Measure the candidates as the written configs will serve them (the tuned steps
-            # in the ensemble), with the base configs still the ones the overlays start from.
-            print(f"{args.model} on configs {base} does not run {tune.tuned_models(args.model)}:")
-            print(f"  measuring with --model-config-name={args.config_name} instead")
-            triton.close()
-            triton.config = dataclasses.replace(config, model_config_name=args.config_name)
-            triton.start()
-
-        def load(candidate: tune.Candidate) -> None:
-            # Each candidate in a fresh server; the computed path (perf_analyzer repeats its
-            # inputs, which embed's response cache would answer).
-            triton.configure(tune.variant_for(candidate, args.model, n_cores), cache=False)
-
-        def measure(level: int) -> perf_analyzer.Point:
-            # Short windows: the tuner measures many levels; ranking needs less precision.
-            run = perf_analyzer.Run(
-                args.model,
-                triton.url("grpc"),
-                "grpc",
-                input_data=data,
-                measurement_ms=1000,
-                cpus=client_cpus,
-            )
-            try:
-                return perf_analyzer.measure(run, level)
-            except perf_analyzer.PerfAnalyzerError:
-                # Treat an unmeasurable level as an SLO break: the search stops there.
-                return perf_analyzer.Point(level, 0, *([float("inf")] * 5), 0, 0)
-
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    if args.brute_force and args.model == tune.SHARED:
+        print("error: --brute-force verifies one model's or ensemble's space, not a shared server")
+        return 2
+    if tune_session.SEARCH[args.model] == tune_session.MODEL_ANALYZER:
+        if args.brute_force:
+            print("error: --brute-force checks bench tune's own search; Model Analyzer tunes this")
+            return 2
+        return tune_session.with_model_analyzer(session, started, args.budget_s)
+    ranked = session.ranked()
+    space = session.space()
+    with session:
         remaining = args.budget_s - (time.monotonic() - started)
         print(f"verifying with perf_analyzer, {remaining:.0f} s of budget left")
-        results = tune.search(ranked, load, measure, args.p99_ms, remaining)
+        results = session.search(ranked, remaining)
         brute, rematch = None, None
         if args.brute_force:
             print(f"brute force: verifying all {len(space)} candidates")
-            brute = tune.verify_all(space, load, measure, args.p99_ms)
+            brute = tune.verify_all(space, session.load, session.measure, args.p99_ms)
             ours, theirs = tune.best(results), tune.best(brute)
             if ours and theirs and ours.candidate != theirs.candidate:
                 print("rematch: both winners again, alternately")
                 rematch = tune.head_to_head(
-                    ours.candidate, theirs.candidate, load, measure, args.p99_ms
+                    ours.candidate, theirs.candidate, session.load, session.measure, args.p99_ms
                 )
+        winner = tune.best(results)
+        if winner is not None:
+            # What it measured stays in tune.json (and docs/performance.md), not in the config.
+            header = (
+                f"Written by `python -m bench tune {args.model} --p99-ms {args.p99_ms}` "
+                f"(perf_analyzer gRPC, server on {session.cores} core(s)); what it measured: "
+                f"{out / 'tune.json'}."
+            )
+            for path in session.write(winner.candidate, header):
+                print(tune.describe(path))
     outcome = tune.summary(results, brute, rematch)
     outcome["total_seconds"] = time.monotonic() - started
     (out / "tune.json").write_text(json.dumps(outcome, indent=2))
-    winner = tune.best(results)
+    rows = [("tuner", r) for r in results] + [("brute force", r) for r in brute or []]
+    notes = [
+        f"`python -m bench tune {args.model} --p99-ms {args.p99_ms} --budget-s {args.budget_s:g}`:"
+        f" {len(results)} of {len(space)} candidates verified, "
+        f"{outcome['total_seconds']:.0f} s in all."
+    ]
+    report = tune_session.write_report(out, f"SLO tuner: {args.model}", rows, args.p99_ms, notes)
     if winner is None:
         print(f"no candidate met p99 <= {args.p99_ms} ms; nothing written")
         return 1
-    # What it measured stays in tune.json (and docs/performance.md), not in the config.
-    header = (
-        f"Written by `python -m bench tune {args.model} --p99-ms {args.p99_ms}` (perf_analyzer "
-        f"gRPC, server on {n_cores} core(s)); what it measured: {out / 'tune.json'}."
+    print(
+        f"best: {tune.label(winner.candidate)} -> {winner.throughput:.1f}/s, "
+        f"p99 {winner.p99_ms:.1f}"
     )
-    variant = tune.variant_for(winner.candidate, args.model, n_cores)
-    for path in tune.write_configs(variant, MODEL_REPOSITORY, base, args.config_name, header):
-        print(tune.describe(path))
-    print(f"best: {winner.candidate.label()} -> {winner.throughput:.1f}/s, p99 {winner.p99_ms:.1f}")
     if outcome.get("rematch_tuner_vs_brute_force"):
         print(f"rematch, tuner / brute force: {outcome['rematch_tuner_vs_brute_force']:.3f}")
     if "tuner_vs_brute_force" in outcome:
@@ -303,5 +285,5 @@ def tune_run(args: argparse.Namespace) -> int:
             f"tuner / brute force: {outcome['tuner_vs_brute_force']:.3f} "
             f"({outcome['tuner_seconds']:.0f} s vs {outcome['brute_force_seconds']:.0f} s)"
         )
-    print(f"details: {out / 'tune.json'}")
+    print(f"report: {report}; details: {out / 'tune.json'}")
     return 0

@@ -54,6 +54,15 @@ def entries(model: str, reference=None) -> list[dict]:
     if model in TEXT_MODELS:
         # Plain strings: perf_analyzer sends them as BYTES, in binary or JSON requests alike.
         return [{embedding.TEXT: {"content": [t], "shape": [1]}} for t in text_samples.SENTENCES]
+    if model == embedding.ENCODER:
+        # Token ids as tokenize hands them on: each sentence padded to its length bucket.
+        out = []
+        for text in text_samples.SENTENCES:
+            ids, mask = embedding.tokenize([text])
+            out.append(
+                {embedding.INPUT_IDS: _tensor(ids[0]), embedding.ATTENTION_MASK: _tensor(mask[0])}
+            )
+        return out
     photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
     if model in (spec.ENSEMBLE, spec.PREPROCESS):
         return image_entries(photos)

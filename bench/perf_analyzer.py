@@ -142,6 +142,18 @@ class Point:
     server_compute_ms: float
 
 
+# Point's fields in milliseconds, after its level and throughput.
+LATENCIES = (
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "avg_ms",
+    "server_queue_ms",
+    "server_compute_ms",
+)
+
+
 def parse_csv(text: str) -> list[Point]:
     """Points from perf_analyzer's ``-f`` CSV (``--verbose-csv``; microseconds in, ms out)."""
     rows = list(csv.DictReader(io.StringIO(text)))

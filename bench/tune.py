@@ -1,18 +1,21 @@
 """SLO tuner: the config with the most throughput whose p99 stays under a target.
 
-``python -m bench tune classifier --p99-ms 50 --budget-s 300`` searches preferred batch size,
-max queue delay and instance count:
+``python -m bench tune classify --p99-ms 100 --budget-s 300`` searches preferred batch size,
+max queue delay and instance count of the steps that decide the target's speed:
 
 1. measures the raw engine's batch curve once per thread budget (seconds, in-process);
 2. predicts each candidate's capacity and p99 from that curve with a small queueing model
    (service time of a batch, one batch ahead of you, the queue delay, and a tail factor), and
    drops the ones the model says cannot meet the SLO;
 3. verifies the best-predicted candidates on the real server with perf_analyzer (concurrency
-   doubled until p99 breaks the SLO, then bisected), until the time budget is spent;
+   doubled until p99 breaks the SLO, then bisected), until the time budget is spent; for a
+   server both services share, pairs of each model's best shapes, both loaded at once;
 4. writes the winner as the overlay ``model_repository/<step>/configs/<name>.overlay.pbtxt`` (what
    differs from the variant's base) and renders it into ``configs/<name>.pbtxt``.
 
-``--brute-force`` verifies every candidate instead, to check what the pruning costs.
+``--brute-force`` verifies every candidate instead, to check what the pruning costs. One model
+alone (the classifier, the encoder) is tuned by Triton Model Analyzer's quick search instead
+(``bench.tune_session.SEARCH``): side by side it found as much in no more time.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from pipelines import embedding
 
 log = logging.getLogger(__name__)
 
+# One server that both services share, loaded at once: the classifier and the encoder.
+SHARED = "shared"
 BATCHES = (1, 2, 4, 8, 16, 32)
 DELAYS_US = (0, 500, 2000, 5000)
 # p99 ≈ TAIL × mean for these closed-loop runs (observed p99/p50 of 1.1-1.4 here).
@@ -51,6 +56,19 @@ class Candidate:
     def label(self) -> str:
         """Short name."""
         return f"batch={self.preferred_batch} delay={self.delay_us}us instances={self.instances}"
+
+
+# One candidate per tuned step: what another tool may pick for an ensemble's steps.
+Pick = dict[str, Candidate]
+
+
+def label(pick: Candidate | Pick) -> str:
+    """Short name of a candidate, or of one candidate per step."""
+    if isinstance(pick, Candidate):
+        return pick.label()
+    if not pick:
+        return "as served"
+    return "; ".join(f"{step}: {c.label()}" for step, c in pick.items())
 
 
 @dataclass(frozen=True)
@@ -129,7 +147,7 @@ def rank(
 class Verified:
     """A candidate measured on the server: its best throughput within the SLO."""
 
-    candidate: Candidate
+    candidate: Candidate | Pick
     throughput: float  # 0 when even concurrency 1 breaks the SLO
     p99_ms: float
     concurrency: int
@@ -171,8 +189,8 @@ def max_throughput_under_slo(
 
 
 def verify(
-    candidate: Candidate,
-    load: Callable[[Candidate], None],
+    candidate: Candidate | Pick,
+    load: Callable[[Candidate | Pick], None],
     measure: Callable[[int], perf_analyzer.Point],
     slo_ms: float,
 ) -> Verified:
@@ -198,29 +216,22 @@ def search(
     sizes, so the shapes are measured rather than trusted. Stage 2 spends what is left on the
     other queue delays of the best measured shape.
     """
-    started = time.monotonic()
-    results: list[Verified] = []
-
-    def affordable() -> bool:
-        spent = time.monotonic() - started
-        return not results or spent + spent / len(results) <= budget_s
+    # What stage 1 and the best shape's other delays can take, for the ETA.
+    first = shapes(ranked)
+    budget = _Budget(budget_s, len(first) + len(DELAYS_US) - 1, progress)
 
     def run(prediction: Prediction) -> None:
         result = verify(prediction.candidate, load, measure, slo_ms)
-        results.append(result)
-        progress(_line(result, prediction))
+        budget.record(result, prediction)
 
-    shapes: dict[tuple[int, int], Prediction] = {}
-    for p in ranked:
-        shapes.setdefault((p.candidate.preferred_batch, p.candidate.instances), p)
-    for prediction in shapes.values():
-        if not affordable():
-            return results
+    for prediction in first:
+        if not budget.affordable():
+            return budget.results
         run(prediction)
-    winner = best(results)
+    winner = best(budget.results)
     if winner is None:
-        return results
-    tried = {r.candidate for r in results}
+        return budget.results
+    tried = {r.candidate for r in budget.results}
     for prediction in ranked:
         c = prediction.candidate
         same_shape = (c.preferred_batch, c.instances) == (
@@ -228,10 +239,74 @@ def search(
             winner.candidate.instances,
         )
         if same_shape and c not in tried:
-            if not affordable():
+            if not budget.affordable():
                 break
             run(prediction)
-    return results
+    return budget.results
+
+
+def shapes(ranked: Sequence[Prediction]) -> list[Prediction]:
+    """The best-predicted candidate of each (batch, instances) shape, in predicted order."""
+    first: dict[tuple[int, int], Prediction] = {}
+    for p in ranked:
+        first.setdefault((p.candidate.preferred_batch, p.candidate.instances), p)
+    return list(first.values())
+
+
+def shared_picks(ranked: dict[str, Sequence[Prediction]], per_model: int = 3) -> list[Pick]:
+    """A shared server's candidates: each model's best shapes predicted alone, paired.
+
+    Loaded together the models split the server's cores, which no raw curve of one model
+    predicts, so each model's ranking alone only orders the pairs: the top ``per_model`` shapes
+    of each, the pairs of better-ranked shapes first; none where a model has no feasible shape.
+    """
+    tops = {model: shapes(r)[:per_model] for model, r in ranked.items()}
+    if len(tops) != 2:
+        raise ValueError(f"a shared server pairs two models' shapes, not {list(tops)}")
+    (a, first), (b, second) = tops.items()
+    order = sorted(
+        itertools.product(range(len(first)), range(len(second))), key=lambda ij: (sum(ij), ij)
+    )
+    return [{a: first[i].candidate, b: second[j].candidate} for i, j in order]
+
+
+def search_picks(
+    picks: Sequence[Pick],
+    load: Callable[[Pick], None],
+    measure: Callable[[int], perf_analyzer.Point],
+    slo_ms: float,
+    budget_s: float,
+    progress: Callable[[str], None] = print,
+) -> list[Verified]:
+    """Verify picks in order until the budget is spent (always at least one)."""
+    budget = _Budget(budget_s, len(picks), progress)
+    for pick in picks:
+        if not budget.affordable():
+            break
+        budget.record(verify(pick, load, measure, slo_ms))
+    return budget.results
+
+
+class _Budget:
+    """The verifications of a search, and whether the next one fits in its time budget."""
+
+    def __init__(self, budget_s: float, work: int, progress: Callable[[str], None]):
+        self.budget_s, self.work, self.progress = budget_s, work, progress
+        self.started = time.monotonic()
+        self.results: list[Verified] = []
+
+    def affordable(self) -> bool:
+        """Always the first; then while the next, as long as the mean one, fits."""
+        spent = time.monotonic() - self.started
+        return not self.results or spent + spent / len(self.results) <= self.budget_s
+
+    def record(self, result: Verified, prediction: Prediction | None = None) -> None:
+        """Keep a verification; print it under a progress line with the ETA."""
+        self.results.append(result)
+        spent = time.monotonic() - self.started
+        left = max(0, self.work - len(self.results))
+        line = eta_line(len(self.results), spent, self.budget_s, left)
+        self.progress(f"{line}\n{_line(result, prediction)}")
 
 
 def _line(result: Verified, prediction: Prediction | None = None) -> str:
@@ -241,9 +316,20 @@ def _line(result: Verified, prediction: Prediction | None = None) -> str:
         else ""
     )
     return (
-        f"  {result.candidate.label():40s} {predicted}measured {result.throughput:7.1f}/s "
+        f"  {label(result.candidate):40s} {predicted}measured {result.throughput:7.1f}/s "
         f"p99 {result.p99_ms:6.1f} ms at c={result.concurrency} ({result.seconds:.0f} s)"
     )
+
+
+def eta_line(done: int, spent_s: float, budget_s: float, left: int) -> str:
+    """``[3 verified, 95 s of 300 s, ETA 140 s]``: what is left of the budget, or of the work.
+
+    The next verification takes about as long as the ones before; the search stops when the
+    budget or the candidates run out, whichever comes first.
+    """
+    per = spent_s / done if done else 0.0
+    eta = min(max(0.0, budget_s - spent_s), per * left)
+    return f"[{done} verified, {spent_s:.0f} s of {budget_s:.0f} s, ETA {eta:.0f} s]"
 
 
 def verify_all(
@@ -271,10 +357,13 @@ def tuned_models(model: str) -> tuple[str, ...]:
     """Which step configs a tuning target changes.
 
     The classifier, plus preprocess for the classify ensemble: its instances and batching decide
-    how fast images reach the classifier. For embed, the encoder (tokenize is cheap).
+    how fast images reach the classifier. For embed, the encoder (tokenize is cheap). For the
+    shared server, the model of each service that does its work.
     """
     targets = {
+        SHARED: (spec.CLASSIFIER, embedding.ENCODER),
         spec.CLASSIFIER: (spec.CLASSIFIER,),
+        embedding.ENCODER: (embedding.ENCODER,),
         spec.ENSEMBLE: (spec.PREPROCESS, spec.CLASSIFIER),
         embedding.ENSEMBLE: (embedding.ENCODER,),
     }
@@ -294,30 +383,60 @@ def serves_tuned_steps(model: str, repository: Path, config_name: str | None) ->
     return set(tuned_models(model)) <= steps
 
 
-# The raw curve (bench.raw) that predicts each target's capacity.
-RAW_KIND = {spec.CLASSIFIER: "model", spec.ENSEMBLE: "pipeline", embedding.ENSEMBLE: "embed"}
+# The raw curve (bench.raw) that predicts each target's capacity: the encoder's is embed's
+# (tokenizing is a few per cent of it).
+RAW_KIND = {
+    spec.CLASSIFIER: "model",
+    embedding.ENCODER: "embed",
+    spec.ENSEMBLE: "pipeline",
+    embedding.ENSEMBLE: "embed",
+}
+# What can be tuned: a model or ensemble (a raw curve predicts it), or the shared server.
+TARGETS = (*RAW_KIND, SHARED)
+# The encoder has two versions loaded; the fp32 one is what embed serves and what is tuned.
+MODEL_VERSIONS = {embedding.ENCODER: "1"}
 
 
-def variant_for(candidate: Candidate, model: str, cores: int) -> variants.Variant:
-    """The config changes a candidate makes."""
-    threads = threads_for(candidate, cores)
+def perf_analyzer_flags(model: str) -> list[str]:
+    """perf_analyzer's flags for a target beyond the common ones (its model version)."""
+    return ["-x", MODEL_VERSIONS[model]] if model in MODEL_VERSIONS else []
+
+
+def steps_of(model: str) -> tuple[str, ...]:
+    """Every step whose config a pick for ``model`` may change.
+
+    Another tool's pick may change more of them than this tuner does: Model Analyzer's changes
+    classify's postprocess too.
+    """
+    return variants.STEPS if model == spec.ENSEMBLE else tuned_models(model)
+
+
+def variant_for(pick: Candidate | Pick, model: str, cores: int) -> variants.Variant:
+    """The config changes a candidate makes (the same on every tuned step, or one per step)."""
+    steps = tuned_models(model)
+    if isinstance(pick, Candidate):
+        pick = dict.fromkeys(steps, pick)
+    if not set(pick) <= set(steps_of(model)):
+        raise ValueError(f"{model}'s steps are {steps_of(model)}, not {tuple(pick)}")
     changes = {
         step: [
-            variants.with_instances(candidate.instances),
-            variants.with_batching([candidate.preferred_batch], candidate.delay_us),
-            variants.with_threads(threads),
+            variants.with_instances(c.instances),
+            variants.with_batching([c.preferred_batch], c.delay_us),
+            variants.with_threads(threads_for(c, cores)),
         ]
-        for step in tuned_models(model)
+        for step, c in pick.items()
     }
     if model == embedding.ENSEMBLE:
         return variants.Variant(
             "tuned",
-            candidate.label(),
+            label(pick),
             changes,
-            models=tuned_models(model),
-            ensembles=(embedding.ENSEMBLE, "embed_int8"),
+            models=steps_of(model),
+            ensembles=(embedding.ENSEMBLE, embedding.INT8_ENSEMBLE),
         )
-    return variants.Variant("tuned", candidate.label(), changes)
+    if model in (embedding.ENCODER, SHARED):
+        return variants.Variant("tuned", label(pick), changes, models=steps_of(model), ensembles=())
+    return variants.Variant("tuned", label(pick), changes)
 
 
 def write_configs(

@@ -130,6 +130,39 @@ def test_search_measures_every_shape_then_the_delays_of_the_best():
     assert tune.best(results).candidate.preferred_batch == 4
 
 
+def test_a_shared_server_pairs_each_models_best_shapes_best_first():
+    space = tune.candidates(32, 2)
+    ranked = {"a": tune.rank(space, RAW, cores=2, slo_ms=60)}
+    ranked["b"] = tune.rank(space, {t: {b: v / 2 for b, v in c.items()} for t, c in RAW.items()},
+                            cores=2, slo_ms=60)  # fmt: skip
+    picks = tune.shared_picks(ranked, per_model=3)
+    tops = {m: tune.shapes(r)[:3] for m, r in ranked.items()}
+    assert len(picks) == 9 and len({tune.label(p) for p in picks}) == 9
+    # Each model's best shape in the first pair, then one step down one model's ranking.
+    assert picks[0] == {"a": tops["a"][0].candidate, "b": tops["b"][0].candidate}
+    assert {tune.label(p) for p in picks[1:3]} == {
+        tune.label({"a": tops["a"][1].candidate, "b": tops["b"][0].candidate}),
+        tune.label({"a": tops["a"][0].candidate, "b": tops["b"][1].candidate}),
+    }
+    assert picks[-1] == {"a": tops["a"][2].candidate, "b": tops["b"][2].candidate}
+    with pytest.raises(ValueError, match="two models"):
+        tune.shared_picks({"a": ranked["a"]})
+    assert tune.shared_picks({"a": ranked["a"], "b": []}) == []  # b meets the SLO in no shape
+
+
+def test_a_shared_search_verifies_pairs_in_order_within_the_budget():
+    space = tune.candidates(32, 2)
+    ranked = {m: tune.rank(space, RAW, cores=2, slo_ms=60) for m in ("a", "b")}
+    picks = tune.shared_picks(ranked)
+    loaded, lines = [], []
+    measure, _ = curve(capacity=300, base_ms=5)
+    results = tune.search_picks(picks, loaded.append, measure, 60, 1e9, lines.append)
+    assert loaded == picks and [r.candidate for r in results] == picks
+    assert lines[0].startswith("[1 verified,") and "ETA" in lines[0]
+    loaded.clear()
+    assert len(tune.search_picks(picks, loaded.append, measure, 60, 0, lines.append)) == 1
+
+
 def test_the_winner_is_written_as_a_valid_config(tmp_path):
     repository = tmp_path / "repo"
     for step in (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS):

@@ -1,0 +1,225 @@
+"""Model Analyzer's set-up and its picks translated into the changes bench tune makes.
+
+What a real run of it found is in docs/performance.md; these tests need no server: the config
+it is given, the repository it reads, and the translation of the configs it writes (as
+Model Analyzer 1.58 writes them: max_batch_size, instance count, an empty dynamic_batching).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from bench import model_analyzer as ma
+from bench import tune
+from export import model_config
+from pipelines import classification as cspec
+from pipelines import embedding as espec
+from server.launcher import MODEL_REPOSITORY
+
+SLO = 60.0
+
+
+def analyzer_config(name: str, max_batch: int, instances: int) -> mc.ModelConfig:
+    """A config as Model Analyzer writes one into its output repository."""
+    config = model_config.resolve(MODEL_REPOSITORY / name, "local")
+    config.max_batch_size = max_batch
+    del config.instance_group[:]
+    config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
+    config.ClearField("dynamic_batching")
+    config.dynamic_batching.SetInParent()
+    return config
+
+
+def write_output(out: Path, variant: str, config: mc.ModelConfig) -> None:
+    folder = out / "output-repository" / variant
+    folder.mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+
+
+def test_its_config_becomes_the_candidate_bench_tune_would_write():
+    config = analyzer_config(cspec.CLASSIFIER, max_batch=4, instances=2)
+    assert ma.candidate(config) == tune.Candidate(preferred_batch=4, delay_us=0, instances=2)
+    config.dynamic_batching.max_queue_delay_microseconds = 500
+    assert ma.candidate(config).delay_us == 500
+
+
+def test_the_translated_pick_changes_batching_and_instances_and_keeps_max_batch_size():
+    pick = ma.candidate(analyzer_config(cspec.CLASSIFIER, max_batch=2, instances=2))
+    variant = tune.variant_for(pick, cspec.CLASSIFIER, cores=1)
+    config = variant.configs(MODEL_REPOSITORY, "local")[cspec.CLASSIFIER]
+    base = model_config.resolve(MODEL_REPOSITORY / cspec.CLASSIFIER, "local")
+    overlay = model_config.overlay_text(config, base)
+    # The repository's ensembles need max_batch_size as it is: the batches are capped instead.
+    assert config.max_batch_size == base.max_batch_size
+    assert list(config.dynamic_batching.preferred_batch_size) == [2]
+    assert [g.count for g in config.instance_group] == [2]
+    assert "max_batch_size" not in overlay
+    assert "preferred_batch_size: 2" in overlay and "count: 2" in overlay
+
+
+def test_the_best_row_of_a_single_model_run_is_read_back(tmp_path):
+    write_output(tmp_path, "classifier_config_2", analyzer_config(cspec.CLASSIFIER, 2, 1))
+    write_output(tmp_path, "classifier_config_3", analyzer_config(cspec.CLASSIFIER, 8, 2))
+    rows = [
+        {"Model Config Path": "classifier_config_2", "Throughput (infer/sec)": "99.1",
+         "p99 Latency (ms)": "42.5"},
+        {"Model Config Path": "classifier_config_3", "Throughput (infer/sec)": "120.0",
+         "p99 Latency (ms)": "182.7"},  # more throughput, over the SLO
+    ]  # fmt: skip
+    best = ma.best_row(rows, SLO)
+    assert best["Model Config Path"] == "classifier_config_2"
+    assert ma.pick(tmp_path, best, ma.target(cspec.CLASSIFIER)) == tune.Candidate(2, 0, 1)
+    assert ma.best_row(rows[1:], SLO) is None
+
+
+def test_an_ensembles_row_names_each_steps_config(tmp_path):
+    for step, batch in ((cspec.PREPROCESS, 2), (cspec.CLASSIFIER, 4), (cspec.POSTPROCESS, 1)):
+        write_output(tmp_path, f"{step}_config_{batch}", analyzer_config(step, batch, 1))
+    ensemble = model_config.resolve(MODEL_REPOSITORY / cspec.ENSEMBLE, "local")
+    write_output(tmp_path, "classify_config_16", ensemble)
+    row = {
+        "Model Config Path": "classify_config_16: preprocess_config_2, classifier_config_4, "
+        "postprocess_config_1"
+    }
+    pick = ma.pick(tmp_path, row, ma.target(cspec.ENSEMBLE))
+    assert pick == {
+        cspec.PREPROCESS: tune.Candidate(2, 0, 1),
+        cspec.CLASSIFIER: tune.Candidate(4, 0, 1),
+        cspec.POSTPROCESS: tune.Candidate(1, 0, 1),
+    }
+    # bench tune loads it as it is: one change per step it names.
+    variant = tune.variant_for(pick, cspec.ENSEMBLE, cores=1)
+    configs = variant.configs(MODEL_REPOSITORY, "local")
+    assert list(configs[cspec.POSTPROCESS].dynamic_batching.preferred_batch_size) == [1]
+
+
+def test_a_shared_servers_row_is_read_per_model(tmp_path):
+    """Models profiled at once: one row, each value the aggregate then each model's (1.58)."""
+    write_output(tmp_path, "classifier_config_1", analyzer_config(cspec.CLASSIFIER, 4, 2))
+    write_output(tmp_path, "encoder_config_1", analyzer_config(espec.ENCODER, 8, 1))
+    write_output(tmp_path, "classifier_config_2", analyzer_config(cspec.CLASSIFIER, 8, 1))
+    write_output(tmp_path, "encoder_config_2", analyzer_config(espec.ENCODER, 16, 1))
+    rows = [
+        {"Model Config Path": "classifier_config_1,encoder_config_1",
+         "Throughput (infer/sec)": "103.5, [36.8,66.6]", "p99 Latency (ms)": "65.0, [80.8,49.3]"},
+        # More throughput and a mean p99 within the SLO, but the classifier's is not.
+        {"Model Config Path": "classifier_config_2,encoder_config_2",
+         "Throughput (infer/sec)": "110.0, [40.0,70.0]", "p99 Latency (ms)": "90.0, [130.0,50.0]"},
+    ]  # fmt: skip
+    assert ma.number(rows[0]["Throughput (infer/sec)"]) == 103.5
+    assert ma.per_model(rows[1]["p99 Latency (ms)"]) == [130.0, 50.0]
+    best = ma.best_row(rows, 100.0)
+    assert best is rows[0]
+    pick = ma.pick(tmp_path, best, ma.target("shared"))
+    assert pick == {
+        cspec.CLASSIFIER: tune.Candidate(4, 0, 2),
+        espec.ENCODER: tune.Candidate(8, 0, 1),
+    }
+    configs = tune.variant_for(pick, tune.SHARED, cores=1).configs(MODEL_REPOSITORY, "local")
+    assert list(configs[cspec.CLASSIFIER].dynamic_batching.preferred_batch_size) == [4]
+    assert list(configs[espec.ENCODER].dynamic_batching.preferred_batch_size) == [8]
+
+
+def test_the_models_it_reads_have_no_preferred_sizes_or_queue_policy_and_one_encoder():
+    encoder = ma.step_config(espec.ENCODER, "local")
+    assert list(encoder.version_policy.specific.versions) == [1]
+    assert not encoder.dynamic_batching.preferred_batch_size
+    assert encoder.dynamic_batching.max_queue_delay_microseconds == 2000  # the rest kept
+    shed = ma.step_config(cspec.CLASSIFIER, "local-shed")
+    assert not shed.dynamic_batching.HasField("default_queue_policy")
+
+
+def test_its_repository_links_the_versions_and_writes_the_configs(tmp_path):
+    ma.write_repository(ma.target(cspec.ENSEMBLE), tmp_path, "local")
+    for step in (cspec.ENSEMBLE, cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS):
+        assert model_config.parse(tmp_path / step / "config.pbtxt").name == step
+        assert (tmp_path / step / "1").resolve() == (MODEL_REPOSITORY / step / "1").resolve()
+    ma.write_repository(ma.target(espec.ENCODER), tmp_path / "enc", "local")
+    assert [p.name for p in (tmp_path / "enc" / espec.ENCODER).iterdir() if p.is_dir()] == ["1"]
+
+
+def test_the_profile_config_holds_the_slo_the_bounds_and_the_inputs(tmp_path):
+    data = {espec.ENCODER: tmp_path / "encoder.json"}
+    config = ma.profile_config(
+        ma.target(espec.ENCODER), "brute", SLO, tmp_path, tmp_path, tmp_path / "ts", data, 2
+    )
+    assert config["constraints"] == {"perf_latency_p99": {"max": 60}}
+    assert config["objectives"] == ["perf_throughput"]
+    assert config["run_config_search_max_model_batch_size"] == max(tune.BATCHES)
+    assert config["run_config_search_max_instance_count"] == 2
+    entry = config["profile_models"][espec.ENCODER]
+    assert entry["cpu_only"] is True
+    assert entry["perf_analyzer_flags"] == {"input-data": str(data[espec.ENCODER]),
+                                            "model-version": "1"}  # fmt: skip
+    shared = ma.profile_config(
+        ma.target("shared"), "quick", SLO, tmp_path, tmp_path, tmp_path / "ts",
+        {cspec.CLASSIFIER: tmp_path / "c.json", espec.ENCODER: tmp_path / "e.json"}, 2,
+    )  # fmt: skip
+    assert shared["run_config_profile_models_concurrently_enable"] is True
+    classify = ma.profile_config(
+        ma.target(cspec.ENSEMBLE), "quick", SLO, tmp_path, tmp_path, tmp_path / "ts",
+        {cspec.ENSEMBLE: tmp_path / "c.json"}, 2,
+    )  # fmt: skip
+    assert classify["cpu_only_composing_models"] == [
+        cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS
+    ]  # fmt: skip
+
+
+def test_a_search_it_does_not_have_or_an_unknown_target_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="brute search does not take classify"):
+        ma.profile_config(ma.target(cspec.ENSEMBLE), "brute", SLO, tmp_path, tmp_path,
+                          tmp_path, {}, 2)  # fmt: skip
+    with pytest.raises(ValueError, match="no target 'embed_graph'"):
+        ma.target("embed_graph")
+
+
+def test_its_tritonserver_is_ours_pinned_with_the_stubs_environment(tmp_path):
+    script = ma.server_script(tmp_path / "tritonserver", [1]).read_text()
+    assert "exec taskset -c 1 " in script and "--disable-auto-complete-config" in script
+    assert "--backend-directory=" in script and "export LD_LIBRARY_PATH=" in script
+
+
+def test_model_analyzer_is_kept_only_within_3_percent_in_no_more_time():
+    from bench import tune_compare as tc
+
+    def entries(quick: float, brute: float, brute_s: float = 400, ours_s: float = 140):
+        # bench tune had Model Analyzer quick's time (150 s) as its budget; 9 verifications.
+        return [
+            tc.Entry("classifier", tc.SERVED, 0, 0, "configs/local", 0, [500.0]),
+            tc.Entry("classifier", "Model Analyzer quick", 150, 4, "q", 0, [quick, quick]),
+            tc.Entry("classifier", "Model Analyzer brute", brute_s, 8, "b", 0, [brute]),
+            tc.Entry("classifier", tc.OURS, ours_s, 9, "ours", 100, [100.0, 100.0]),
+        ]
+
+    # Stopped by its budget (10 s left, 15 s a verification): both had 150 s.
+    assert tc.verdict(entries(97.5, 50)) == "Model Analyzer quick"
+    assert tc.verdict(entries(96.0, 50)) == tc.OURS  # more than 3 % short
+    assert tc.verdict(entries(96.0, 120)) == tc.OURS  # better, but in more time than ours had
+    assert tc.verdict(entries(96.0, 120, brute_s=150)) == "Model Analyzer brute"
+    # Done with all it planned in 90 s: Model Analyzer's 150 s are more.
+    assert tc.verdict(entries(97.5, 50, ours_s=90)) == tc.OURS
+    # The served configs are a control, never a search to keep; without a search of ours, theirs.
+    assert tc.verdict(entries(50, 50)[:3]).startswith("Model Analyzer")
+
+
+def test_the_eta_bounds_every_search_it_can_make_here():
+    one, shared = ma.target(cspec.CLASSIFIER), ma.target("shared")
+    # 6 batch sizes x 2 instance counts, and the default; 7 concurrencies (1-64).
+    assert ma.measurement_bound(one, "brute", 2) == 13 * 7
+    assert ma.measurement_bound(one, "quick", 2) == 13 + 2 * 7
+    assert ma.measurement_bound(shared, "quick", 2) == 12 * 12 + 1 + 2 * 7
+    # The quick search of the classifier seen here measured 11 times; the brute one 49 times.
+    assert ma.measurement_bound(one, "quick", 2) >= 11
+    assert ma.measurement_bound(one, "brute", 2) >= 49
+
+
+def test_bench_tune_hands_it_only_targets_it_is_set_up_for():
+    from bench import tune_session
+
+    assert set(tune_session.SEARCH) == set(tune.TARGETS)
+    handed = {t for t, who in tune_session.SEARCH.items() if who == tune_session.MODEL_ANALYZER}
+    assert handed and handed <= set(ma.TARGETS)
