@@ -41,20 +41,21 @@ def test_limiter_and_priorities_cut_the_wait_of_interactive_queries_under_satura
     for row in (none, both):
         assert row["images_per_s"] * SECONDS >= contention.IMAGE_CONCURRENCY, row
         assert row["bulk_per_s"] * SECONDS >= contention.BULK_CONCURRENCY, row
-    # Latency is compared as the server makes queries wait (embed's own statistics): the load
-    # and the query client share a core, and on a busy machine the time a client takes to be
-    # scheduled and read its answer outweighed what the setups change (a CI run's client
-    # median was 142 ms with both against 37 ms without; docs/operations.md).
-    # The background saturated the server: without limiter and priorities, queries wait
-    # several times their time alone, the control measured in the same run.
-    assert none["server_ms"] > 2 * alone["server_ms"], (none, alone)
+
+    # The queries' wait is read two ways, the server's mean (embed's own statistics) and the
+    # client's p99: the load and the query client share a core, and on a busy machine each
+    # has failed to show what the other showed plainly (docs/operations.md, "Many models on
+    # one server", has those runs). The client's median is left out: there a busy core decides.
+    # The background saturated the server: without limiter and priorities, queries wait more
+    # than twice their time alone, the control measured in the same run.
+    def wait(row: dict) -> dict[str, float]:
+        return {"server mean": row["server_ms"], "client p99": row["queries_ms"]["p99"]}
+
+    saturated = {k: v / wait(alone)[k] for k, v in wait(none).items()}
+    assert max(saturated.values()) > 2, (saturated, none, alone)
     # A priority-1 query skips the encoder's backlog of bulk batches, and the one cpu_slot lets
     # it wait for one execution in progress instead of sharing the core with all of them. The
-    # wait must at least halve, by the server's mean or by the client's p99: on a busy machine
-    # either one has failed to show what the other showed plainly, and the same setup measured
-    # twice gave 0.79-1.25x by both (docs/operations.md, "Many models on one server").
-    ratios = {
-        "server mean": both["server_ms"] / none["server_ms"],
-        "client p99": both["queries_ms"]["p99"] / none["queries_ms"]["p99"],
-    }
+    # wait must at least halve by one of the two; the same setup measured twice stays near 1x
+    # by both (docs/operations.md).
+    ratios = {k: v / wait(none)[k] for k, v in wait(both).items()}
     assert min(ratios.values()) < 0.5, (ratios, both, none)
