@@ -142,16 +142,8 @@ class Point:
     server_compute_ms: float
 
 
-# Point's fields in milliseconds, after its level and throughput.
-LATENCIES = (
-    "p50_ms",
-    "p90_ms",
-    "p95_ms",
-    "p99_ms",
-    "avg_ms",
-    "server_queue_ms",
-    "server_compute_ms",
-)
+# Point's fields in milliseconds: all but its level and throughput.
+LATENCIES = tuple(f.name for f in dataclasses.fields(Point)[2:])
 
 
 def parse_csv(text: str) -> list[Point]:
