@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 import urllib.request
-import uuid
 
 import numpy as np
 import pytest
@@ -136,27 +135,29 @@ def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server
     assert change(before, after, "nv_inference_count", **PRE) >= 1
 
 
-def unique(text: str) -> str:
-    # The embed ensemble has a response cache: a text seen before would not reach its step.
-    return f"{text} ({uuid.uuid4().hex})"
+def unseen(text: str) -> str:
+    # The embed ensemble has a response cache: a text sent before would not reach its step. The
+    # tag keeps these texts apart from every other test's, and fixed (no random part) so that
+    # their word pieces, hence the expected counts, are the same in every run.
+    return f"{text} [custom-metrics padding check]"
 
 
 def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
     requests = [
-        [unique("A man is eating food."), unique("A longer sentence about a man riding a horse.")],
-        [unique("word " * 400)],  # over 256 word pieces: truncated
-        [unique("Short.")],
+        [unseen("A man is eating food."), unseen("A longer sentence about a man riding a horse.")],
+        [unseen("word " * 400)],  # over 256 word pieces: truncated
+        [unseen("Short.")],
     ]
     ids = [embedding.encode(texts)[0] for texts in requests]
     expected_tokens = sum(len(t) for request in ids for t in request)
-    # Sequential requests, one execute each: its texts in sorted sub-batches, each padded to
-    # its own longest text.
-    expected_padded = sum(
-        len(run) * max(len(request[i]) for i in run)
-        for request in ids
-        for run in embedding.sub_batches([len(t) for t in request])
-    )
-    assert expected_tokens < expected_padded  # the check below would not see padding otherwise
+    # Sequential requests, one execute each. Worked out here rather than by asking
+    # embedding.sub_batches, the code under test: two texts share one run when the longer
+    # is at most RUN_COST_TOKENS word pieces longer (one run costs that much), and a run pads
+    # each text to its longest; one text alone is never padded.
+    short, long = sorted(len(t) for t in ids[0])
+    assert short < long <= short + embedding.RUN_COST_TOKENS, (short, long)
+    expected_padded = 2 * long + len(ids[1][0]) + len(ids[2][0])
+    assert expected_tokens < expected_padded  # the short text of the first request is padded
 
     before = scrape(server)
     for i, texts in enumerate(requests):
