@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench import (
+    attribution,
     harness,
     infinity,
     inputs,
@@ -24,6 +25,7 @@ examples:
   python -m bench perf --full             # every model, protocol, variant and level
   python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
   python -m bench perf --only mixed       # the same three and the raw engine, mixed lengths
+  python -m bench perf --only classify    # classify, traced step by step, and its raw pipeline
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
@@ -48,9 +50,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--only",
-        choices=("embed-peers", "mixed"),
+        choices=("embed-peers", "mixed", "classify"),
         help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32; "
-        "mixed: only their mixed-length rows (c=8/32) and the raw engine's",
+        "mixed: only their mixed-length rows (c=8/32) and the raw engine's; "
+        "classify: only the image service, traced step by step, and its raw pipeline",
     )
     p.add_argument(
         "--infinity-venv",
@@ -155,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
             plan = harness.Plan.embed_peers()
         elif args.only == "mixed":
             plan = harness.Plan.mixed()
+        elif args.only == "classify":
+            plan = harness.Plan.classify()
         else:
             plan = harness.Plan.full() if args.full else harness.Plan.short()
         if args.rounds:
@@ -172,8 +177,12 @@ def run(args: argparse.Namespace) -> int:
         (out / "method.txt").write_text("\n".join(lines) + "\n")
     rows, raw = report.load(out / "points.csv", out / "raw.csv")
     plots = report.write_plots(out, rows, raw)
+    found, problems = attribution.breakdowns(rows, out)
+    steps = attribution.plot(out, rows, found)
+    plots += [steps] if steps else []
     method_lines = (out / "method.txt").read_text().splitlines()
-    path = report.write_markdown(out / "report.md", rows, raw, method_lines, plots)
+    section = attribution.section(rows, raw, found, problems)
+    path = report.write_markdown(out / "report.md", rows, raw, method_lines, plots, section)
     print(f"report: {path}")
     for item in report.metric_table(rows, raw):
         if item["values"]:

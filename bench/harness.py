@@ -9,6 +9,7 @@ speed here drifts by tens of percent from minute to minute.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -22,14 +23,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import tritonclient.http as http
 
-from bench import affinity, infinity, inputs, perf_analyzer, stats, variants
+from bench import affinity, infinity, inputs, perf_analyzer, stats, trace, variants
+from bench.raw import STAGE_KIND
 from export import model_config, text_samples
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY
+from server.process import stub_model
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +169,10 @@ class Plan:
     raw_mixed_batches: list[int] = field(default_factory=list)
     # A perf_analyzer run that has not finished by then is a hung server: the case fails.
     case_timeout_s: float = 300.0
+    # (model, protocol, concurrency) measured again with Triton's trace on, for where each
+    # request's time goes step by step (bench/trace.py); at concurrency 1 the raw pipeline's
+    # stages are timed right before and after, on the server's cores.
+    traced: list[tuple[str, str, int]] = field(default_factory=list)
 
     @classmethod
     def short(cls) -> Plan:
@@ -209,6 +217,7 @@ class Plan:
             infinity_levels=[1, 8, 32],
             mixed_levels=[8, 32],
             raw_mixed_batches=[8, 32],
+            traced=[(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)],
         )
 
     @classmethod
@@ -251,6 +260,25 @@ class Plan:
             raw_embed_batches=[],
             mixed_levels=[8, 32],
             raw_mixed_batches=[8, 32],
+        )
+
+    @classmethod
+    def classify(cls) -> Plan:
+        """Only the image service: classify served, traced step by step, and its raw pipeline."""
+        return cls(
+            rounds=2,
+            main={(spec.ENSEMBLE, p, "binary"): [1, 16] for p in ("grpc", "http")},
+            others={},
+            rate_fractions=[],
+            rate_targets=[],
+            peer_levels={},
+            null_levels=[],
+            null_payloads=(),
+            cache_levels=[],
+            raw_model_batches=[1, 4],
+            raw_pipeline_batches=[1, 4, 8],
+            raw_embed_batches=[],
+            traced=[(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)],
         )
 
     @classmethod
@@ -324,6 +352,7 @@ class Plan:
         )
         # embed, the FastAPI peer and infinity-emb over the mixed texts.
         mixed = 3 * len(self.mixed_levels)
+        n += len(self.traced)
         return n + rates + peers + nulls + len(self.cache_levels) + infinity + mixed
 
 
@@ -390,6 +419,14 @@ class Row:
     deltas: dict[str, stats.ModelDelta] = field(default_factory=dict)
     # (real, padded) token positions the embedding server ran meanwhile, where it counts them.
     tokens: tuple[float, float] | None = None
+    # When perf_analyzer ran (time.monotonic_ns, the clock of Triton's trace).
+    window: tuple[int, int] | None = None
+    # CPU milliseconds per inference of the case's model, by process (tritonserver, each step's
+    # stub), over the case: what each image cost the server's cores.
+    cpu: dict[str, float] | None = None
+    # The raw pipeline's stages (ms per image) timed just "before" and "after" a traced case at
+    # concurrency 1: its reference, measured as close to it as they can be.
+    stages: dict[str, dict[str, float]] | None = None
 
     def flat(self) -> dict:
         """One CSV line."""
@@ -409,6 +446,9 @@ class Row:
         ensemble = self.deltas.get(self.case.model)
         out["cache_hits"] = ensemble.cache_hits if ensemble else ""
         out["tokens"], out["padded_tokens"] = self.tokens or ("", "")
+        out["window_start_ns"], out["window_end_ns"] = self.window or ("", "")
+        out["cpu_ms_per_item"] = json.dumps(self.cpu) if self.cpu else ""
+        out["raw_stage_ms"] = json.dumps(self.stages) if self.stages else ""
         out["error"] = self.error
         return out
 
@@ -448,7 +488,7 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
         "--pipeline-batches=" + ",".join(map(str, plan.raw_pipeline_batches)),
         "--embed-batches=" + ",".join(map(str, plan.raw_embed_batches)),
     ]
-    if encoders:
+    if encoders and plan.raw_embed_batches:
         cmd += [f"--encoder={name}={path}" for name, path in ENCODERS.items()]
     if encoders and plan.raw_mixed_batches:
         cmd += [
@@ -465,6 +505,56 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
         for kind, curve in raw.items()
         if isinstance(curve, dict) and curve
     }
+
+
+def measure_stages(cpus: list[int], seconds: float) -> dict[str, float]:
+    """The raw classify pipeline's stages at batch 1, ms per image, pinned to ``cpus``."""
+    cmd = [
+        "taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "bench.raw",
+        f"--onnx={ONNX}", "--threads=1", f"--seconds={seconds}", "--stages",
+        "--model-batches=", "--pipeline-batches=",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"raw stages failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    curves = json.loads(done.stdout)
+    return {
+        kind.removeprefix(STAGE_KIND): 1000 / curve["1"]
+        for kind, curve in curves.items()
+        if kind.startswith(STAGE_KIND)
+    }
+
+
+def process_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of a server and each of its stubs: pid → (name, seconds)."""
+    out = {}
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:  # gone: nothing to say
+        return out
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            served = stub_model(process.pid)
+            name = served[0] if served else process.name()
+            out[process.pid] = (name, times.user + times.system)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return out
+
+
+def cpu_per_item(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], items: int
+) -> dict[str, float] | None:
+    """CPU ms per item by process name, from two ``process_cpu`` snapshots (None: no item)."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        if pid in before:
+            out[name] = out.get(name, 0.0) + (seconds - before[pid][1]) * 1000 / items
+    return out
 
 
 class Runner:
@@ -542,13 +632,20 @@ class Runner:
             count = max(RATE_WINDOW_REQUESTS, int(case.level * self.plan.measurement_ms / 1000))
             run.stability_percent = RATE_STABILITY_PERCENT
             run.extra = ["--measurement-mode=count_windows", f"--measurement-request-count={count}"]
-        point, error, deltas, tokens = None, "", {}, None
+        point, error, deltas, tokens, window, cpu = None, "", {}, None, None, None
         counts = _token_counter(case, triton, url)
         try:
             before = triton.statistics() if triton else None
             tokens_before = counts() if counts else None
+            cpu_before = process_cpu(triton.server.process.pid) if triton else {}
+            started = time.monotonic_ns()
             point = perf_analyzer.measure(run, case.level, timeout=self.plan.case_timeout_s)
-            deltas = stats.delta(before, triton.statistics()) if triton else {}
+            window = (started, time.monotonic_ns())
+            if triton:
+                cpu_after = process_cpu(triton.server.process.pid)
+                deltas = stats.delta(before, triton.statistics())
+                done = deltas.get(case.model)
+                cpu = cpu_per_item(cpu_before, cpu_after, done.inferences if done else 0)
             if counts:
                 tokens = tuple(b - a for a, b in zip(tokens_before, counts(), strict=True))
         except Exception as exc:  # noqa: BLE001 - one case must never end the run
@@ -556,7 +653,7 @@ class Runner:
             trouble = triton.trouble() if triton is not None else None
             if trouble:
                 error = f"{trouble}\n{error}"
-        return self._record(Row(round_, case, point, error, deltas, tokens))
+        return self._record(Row(round_, case, point, error, deltas, tokens, window, cpu))
 
     def _record(self, row: Row) -> Row:
         self.rows.append(row)
@@ -616,6 +713,7 @@ class Runner:
                         self._measure(r, case, source, triton)
                     if variant.name == "batching":
                         self._rate_sweep(r, data, triton)
+                        self._traced(r, data, triton)
                         if not self.plan.cache_levels:
                             continue
                         self._configure(triton, variant, cache=True)
@@ -639,6 +737,36 @@ class Runner:
                 if self.plan.infinity_levels or self.plan.mixed_levels:
                     self._infinity(r, openai_data)
             self.restarts = triton.deaths
+
+    def _traced(self, round_: int, data: dict[str, Path], triton: TritonUnderTest) -> None:
+        """The plan's traced cases: every request of the model traced while perf_analyzer runs.
+
+        At concurrency 1 the raw pipeline's stages are timed on the server's cores right before
+        and after (the server idle) and kept with the row: the reference its per-step times are
+        read against, measured seconds from them rather than minutes as the round's raw curves.
+        """
+        for model, protocol, level in self.plan.traced:
+            case = Case("triton", trace.VARIANT, model, protocol, "binary", "concurrency", level)
+            stages: list[dict[str, float]] = []
+            try:
+                self._revive(triton)
+                if level == 1:
+                    stages.append(measure_stages(self.server_cpus, self.plan.raw_seconds))
+                trace.set_tracing(triton.client, model, True, triton.server.admin_headers())
+            except Exception as exc:  # noqa: BLE001 - its row says why; the run goes on
+                self._record(Row(round_, case, None, f"tracing not set up: {exc}"))
+                continue
+            try:
+                row = self._measure(round_, case, data[model], triton)
+            finally:
+                with contextlib.suppress(Exception):  # a dead server traces nothing anyway
+                    trace.set_tracing(triton.client, model, False, triton.server.admin_headers())
+            if stages and row.point:
+                try:
+                    stages.append(measure_stages(self.server_cpus, self.plan.raw_seconds))
+                except Exception as exc:  # noqa: BLE001 - the one before still stands
+                    self.progress(f"  raw stages after the traced case failed: {exc}")
+                row.stages = dict(zip(("before", "after"), stages, strict=False))
 
     def _pin(self, round_: int, name: str, pid: int) -> None:
         """Pin every thread of a server (and its children) to the server's cores; note it."""
@@ -857,8 +985,12 @@ class TritonUnderTest:
         """Start a server on fresh free ports with no model loaded."""
         self.starts += 1
         name = "tritonserver.log" if self.starts == 1 else f"tritonserver-{self.starts}.log"
-        # Ports of 0 are filled in by the server: each start gets a copy with fresh ones.
-        config = dataclasses.replace(self.config, extra_args=list(self.config.extra_args))
+        # Ports of 0 are filled in by the server: each start gets a copy with fresh ones. Tracing
+        # is possible but off; the traced cases turn it on for their model (bench/trace.py).
+        traces = self.out_dir / trace.FOLDER
+        traces.mkdir(parents=True, exist_ok=True)
+        trace_args = trace.server_args(traces / f"trace-{self.starts}.json")
+        config = dataclasses.replace(self.config, extra_args=[*self.config.extra_args, *trace_args])
         self.server = Server(config, log_path=self.out_dir / name).start()
         self.client = http.InferenceServerClient(
             self.server.http_url, network_timeout=self.network_timeout_s

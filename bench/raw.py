@@ -17,6 +17,7 @@ import numpy as np
 
 from bench.reference import ReferenceClassifier
 from export import samples
+from pipelines import classification as spec
 from pipelines import image
 
 
@@ -56,6 +57,46 @@ def pipeline_curve(
         batch = [photos[i % len(photos)] for i in range(bs)]
         curve[bs] = throughput(lambda b=batch: reference.classify(b), bs, seconds)
     return curve
+
+
+# The classify pipeline's stages, in the order it runs them, and those each served step runs.
+STAGES = ("decode", "crop and resize", "normalize", "model", "top-k and labels")
+STEP_STAGES = {
+    spec.PREPROCESS: STAGES[:3],
+    spec.CLASSIFIER: STAGES[3:4],
+    spec.POSTPROCESS: STAGES[4:],
+}
+STAGE_KIND = "stage:"  # raw curves "stage:<name>" hold one stage's images/s at batch 1
+
+
+def stage_times(reference: ReferenceClassifier, seconds: float) -> dict[str, float]:
+    """Milliseconds per image of each stage of the whole pipeline at batch 1.
+
+    Each stage is timed inside the pipeline loop, right after the one before it, so that it meets
+    the caches as the pipeline leaves them (a stage timed alone in a loop of its own runs warmer
+    and faster); their sum is the pipeline's latency for one image.
+    """
+    photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
+    totals = dict.fromkeys(STAGES, 0.0)
+    done, start = 0, time.perf_counter()
+    while done < 2 * len(photos) or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        img = image.decode(photos[done % len(photos)], min_side=image.DECODE_MIN_SIDE)
+        t1 = time.perf_counter()
+        rgb = image.center_crop_resize(img)
+        t2 = time.perf_counter()
+        pixels = image.normalize(rgb[None])
+        t3 = time.perf_counter()
+        logits = reference.logits(pixels)
+        t4 = time.perf_counter()
+        spec.label_names(spec.top_k(logits, spec.DEFAULT_TOP_K)[0])
+        t5 = time.perf_counter()
+        done += 1
+        if done > len(photos):  # the first pass over the photos warms up
+            for name, a, b in zip(STAGES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5), strict=True):
+                totals[name] += b - a
+    measured = done - len(photos)
+    return {name: total / measured * 1000 for name, total in totals.items()}
 
 
 def embed_curve(
@@ -253,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline-batches", default="1,8,16")
     p.add_argument("--seconds", type=float, default=2.0, help="per batch size")
     p.add_argument(
+        "--stages", action="store_true", help="also time each stage of the pipeline at batch 1"
+    )
+    p.add_argument(
         "--encoder",
         action="append",
         default=[],
@@ -298,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_curve(reference, sizes(args.model_batches), args.seconds),
         "pipeline": pipeline_curve(reference, sizes(args.pipeline_batches), args.seconds),
     }
+    if args.stages:
+        # As images/s at batch 1, the unit of every raw curve.
+        times = stage_times(reference, args.seconds)
+        result.update({STAGE_KIND + name: {1: 1000 / ms} for name, ms in times.items()})
     for spec_ in args.encoder:
         name, _, path = spec_.partition("=")
         result[name] = embed_curve(

@@ -31,6 +31,8 @@ TEXT_FIELDS = {
     "calls",
     "error",
     "classifier_batch_histogram",
+    "cpu_ms_per_item",
+    "raw_stage_ms",
 }
 CASE_FIELDS = (
     "system",
@@ -835,9 +837,14 @@ def embedding_targets(rows: list[dict], raw: dict[int, dict]) -> list[str]:
 
 
 def write_markdown(
-    path: Path, rows: list[dict], raw: dict[int, dict], method: list[str], plots: list[Path]
+    path: Path,
+    rows: list[dict],
+    raw: dict[int, dict],
+    method: list[str],
+    plots: list[Path],
+    sections: list[str] = (),
 ) -> Path:
-    """The report: method first, then targets, raw curves, every case, plots."""
+    """The report: method, targets, ``sections`` (more lines), raw curves, every case, plots."""
     lines = ["# Performance report", "", "## Method", ""] + [f"- {m}" for m in method] + [""]
     lines += [
         "## Targets (median over rounds, [min – max])",
@@ -846,6 +853,7 @@ def write_markdown(
         "|---|---|---|---|",
     ]
     lines += _metric_lines(metric_table(rows, raw))
+    lines += list(sections)
     lines += embedding_targets(rows, raw)
     lines += embedding_servers(rows)
     lines += mixed_lengths(rows, raw)

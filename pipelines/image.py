@@ -18,6 +18,8 @@ from pipelines import classification as spec
 
 # Refuse decompression bombs before decoding: 64 megapixels is a 8k x 8k photo.
 MAX_PIXELS = 64_000_000
+# Decode JPEGs no smaller than the side the crop needs, so the DCT shortcut never upsamples.
+DECODE_MIN_SIDE = math.ceil(spec.IMAGE_SIZE / spec.CROP_FRACTION)
 
 
 class ImageError(ValueError):
@@ -121,9 +123,7 @@ def normalize(rgb: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 def preprocess(data: bytes, out: np.ndarray | None = None) -> np.ndarray:
     """Encoded image bytes → normalized float32 [3, 224, 224] ready for the classifier."""
-    # Decode no smaller than the side the crop needs, so the DCT shortcut never upsamples.
-    min_side = math.ceil(spec.IMAGE_SIZE / spec.CROP_FRACTION)
-    return normalize(center_crop_resize(decode(data, min_side=min_side)), out=out)
+    return normalize(center_crop_resize(decode(data, min_side=DECODE_MIN_SIDE)), out=out)
 
 
 def rgb_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageError | None]]:
@@ -133,12 +133,11 @@ def rgb_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageError | No
         (rgb uint8 [n, 224, 224, 3], errors): ``errors[i]`` is None when image i succeeded;
         a failed image leaves zeros in its slot so that the others are unaffected.
     """
-    min_side = math.ceil(spec.IMAGE_SIZE / spec.CROP_FRACTION)
     rgb = np.zeros((len(images), spec.IMAGE_SIZE, spec.IMAGE_SIZE, spec.CHANNELS), np.uint8)
     errors: list[ImageError | None] = []
     for i, data in enumerate(images):
         try:
-            rgb[i] = center_crop_resize(decode(data, min_side=min_side))
+            rgb[i] = center_crop_resize(decode(data, min_side=DECODE_MIN_SIDE))
             errors.append(None)
         except ImageError as exc:
             errors.append(exc)

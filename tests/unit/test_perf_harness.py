@@ -115,8 +115,9 @@ def test_cores_are_split_between_server_and_load_generator():
 
 def test_short_plan_covers_every_metric_and_stays_small():
     plan = harness.Plan.short()
-    # 16 of them per round: infinity-emb, its twins and the mixed-length rows.
-    assert plan.size() * plan.rounds <= 100
+    # 16 of them per round: infinity-emb, its twins and the mixed-length rows; 4 traced.
+    assert plan.size() * plan.rounds <= 110
+    assert plan.traced and all(model == spec.ENSEMBLE for model, _, _ in plan.traced)
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
     assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
