@@ -60,7 +60,7 @@ def pipeline_curve(
 
 
 # The classify pipeline's stages, in the order it runs them, and those each served step runs.
-STAGES = ("decode", "crop and resize", "normalize", "model", "top-k and labels")
+STAGES = ("decode", "crop and resize", "to NCHW", "model", "top-k and labels")
 STEP_STAGES = {
     spec.PREPROCESS: STAGES[:3],
     spec.CLASSIFIER: STAGES[3:4],
@@ -85,7 +85,7 @@ def stage_times(reference: ReferenceClassifier, seconds: float) -> dict[str, flo
         t1 = time.perf_counter()
         rgb = image.center_crop_resize(img)
         t2 = time.perf_counter()
-        pixels = image.normalize(rgb[None])
+        pixels = image.to_pixels(rgb[None])
         t3 = time.perf_counter()
         logits = reference.logits(pixels)
         t4 = time.perf_counter()

@@ -214,6 +214,8 @@ class Parity:
     top1_agreement: float
     cosine_min: float
     items: int
+    # Rows whose five largest values are the same, in the same order (a classifier's top-5).
+    top5_identical: float = 1.0
 
     def ok(self, atol: float, min_top1: float = 1.0) -> bool:
         """True when within ``atol`` everywhere and top-1 agrees at least ``min_top1``."""
@@ -225,9 +227,12 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> Parity:
     ref = reference.reshape(len(reference), -1).astype(np.float64)
     cand = candidate.reshape(len(candidate), -1).astype(np.float64)
     cosine = (ref * cand).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1))
+    top5 = min(5, ref.shape[1])
+    ranks = [np.argsort(-x, axis=1, kind="stable")[:, :top5] for x in (ref, cand)]
     return Parity(
         max_abs_diff=float(np.abs(ref - cand).max()),
         top1_agreement=float((ref.argmax(1) == cand.argmax(1)).mean()),
         cosine_min=float(cosine.min()),
         items=len(ref),
+        top5_identical=float((ranks[0] == ranks[1]).all(axis=1).mean()),
     )

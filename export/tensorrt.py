@@ -50,6 +50,7 @@ TRITON_DTYPES = {
     mc.TYPE_INT32: np.int32,
     mc.TYPE_INT64: np.int64,
     mc.TYPE_INT8: np.int8,
+    mc.TYPE_UINT8: np.uint8,
     mc.TYPE_BOOL: np.bool_,
 }
 

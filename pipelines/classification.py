@@ -20,7 +20,10 @@ POSTPROCESS = "postprocess"
 
 # Tensors, named after what they hold.
 IMAGE = "IMAGE"  # TYPE_STRING [1]: one encoded image (JPEG, PNG, WebP, ...) per batch item
-PIXELS = "PIXELS"  # TYPE_FP32 [3, 224, 224]: normalized RGB, NCHW
+# TYPE_UINT8 [3, 224, 224]: RGB 0-255, NCHW. The classifier normalizes them as its first layers:
+# a quarter of float32's bytes between the steps, and every runtime of the model (onnxruntime,
+# TensorRT, PyTorch) normalizes alike.
+PIXELS = "PIXELS"
 LOGITS = "LOGITS"  # TYPE_FP32 [1000]
 TOP_K = "TOP_K"  # TYPE_INT32 [1], optional: how many classes to return (default DEFAULT_TOP_K)
 LABELS = "LABELS"  # TYPE_STRING [k]
@@ -33,7 +36,8 @@ CHANNELS = 3
 NUM_CLASSES = 1000
 # Center crop covering 224/256 of the shorter side, as in the reference evaluation.
 CROP_FRACTION = 224 / 256
-# EfficientNet-Lite normalization: (x - 127) / 128 on RGB 0-255.
+# EfficientNet-Lite normalization: (x - 127) / 128 on RGB 0-255, inside the network
+# (pipelines.efficientnet_lite).
 PIXEL_MEAN = 127.0
 PIXEL_SCALE = 1.0 / 128.0
 

@@ -142,8 +142,14 @@ class EfficientNetLite0(nn.Module):
         self.act = nn.ReLU6(inplace=True)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Map normalized NCHW pixels to ImageNet logits."""
-        x = self.act(self._bn0(self._conv_stem(pixels)))
+        """Map RGB 0-255 NCHW pixels (uint8, the served ``PIXELS``) to ImageNet logits.
+
+        Normalization is the network's first step, in its own precision: (x - 127) / 128 is
+        exact in float32 and float16 for every 0-255 value, so the ONNX export (a Cast, a Sub
+        and a Mul ahead of the stem), an FP16 engine and this module all see the same inputs.
+        """
+        x = (pixels.to(self._fc.weight.dtype) - spec.PIXEL_MEAN) * spec.PIXEL_SCALE
+        x = self.act(self._bn0(self._conv_stem(x)))
         for block in self._blocks:
             x = block(x)
         x = self.act(self._bn1(self._conv_head(x)))

@@ -70,7 +70,7 @@ def crop_resize(chw: torch.Tensor, size: int = spec.IMAGE_SIZE) -> torch.Tensor:
 def preprocess_batch(
     images: Sequence[bytes], device: str
 ) -> tuple[torch.Tensor, list[image.ImageError | None]]:
-    """Like ``image.preprocess_batch``, with the pixels on ``device``: float32 [n, 3, 224, 224]."""
+    """Like ``image.preprocess_batch``, with the pixels on ``device``: uint8 [n, 3, 224, 224]."""
     decode = _decode_jpeg() if device != "cpu" else None
     on_gpu = [i for i, data in enumerate(images) if decode and gpu_decodable(data)]
     rgb = torch.zeros(
@@ -95,4 +95,4 @@ def preprocess_batch(
         rgb[rest] = torch.from_numpy(cpu_rgb).to(device)
         for i, error in zip(rest, cpu_errors, strict=True):
             errors[i] = error
-    return image.normalize_torch(rgb), errors
+    return rgb.permute(0, 3, 1, 2).contiguous(), errors

@@ -1,4 +1,4 @@
-"""Image decoding and preprocessing for the classifier: encoded bytes in, normalized NCHW out.
+"""Image decoding and preprocessing for the classifier: encoded bytes in, uint8 NCHW pixels out.
 
 Used by the ``preprocess`` Python-backend step, the in-process reference pipeline and the
 benchmarks, so that all of them compute exactly the same pixels.
@@ -113,21 +113,18 @@ def center_crop_resize(img: Image.Image, size: int = spec.IMAGE_SIZE) -> np.ndar
     return np.asarray(out)
 
 
-def normalize(rgb: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """uint8 [..., H, W, 3] RGB → float32 [..., 3, H, W], (x - 127) / 128, into ``out`` if given."""
-    chw = np.moveaxis(rgb, -1, -3)
-    out = np.subtract(chw, np.float32(spec.PIXEL_MEAN), out=out, dtype=np.float32)
-    out *= np.float32(spec.PIXEL_SCALE)
-    return out
+def to_pixels(rgb: np.ndarray) -> np.ndarray:
+    """uint8 RGB [..., H, W, 3], as decoders give it → uint8 [..., 3, H, W], as PIXELS holds it."""
+    return np.ascontiguousarray(np.moveaxis(rgb, -1, -3))
 
 
-def preprocess(data: bytes, out: np.ndarray | None = None) -> np.ndarray:
-    """Encoded image bytes → normalized float32 [3, 224, 224] ready for the classifier."""
-    return normalize(center_crop_resize(decode(data, min_side=DECODE_MIN_SIDE)), out=out)
+def preprocess(data: bytes) -> np.ndarray:
+    """Encoded image bytes → uint8 [3, 224, 224] pixels ready for the classifier."""
+    return to_pixels(center_crop_resize(decode(data, min_side=DECODE_MIN_SIDE)))
 
 
 def rgb_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageError | None]]:
-    """Decode, crop and resize many images into one uint8 batch (before normalization).
+    """Decode, crop and resize many images into one uint8 batch, as decoders lay pixels out.
 
     Returns:
         (rgb uint8 [n, 224, 224, 3], errors): ``errors[i]`` is None when image i succeeded;
@@ -151,17 +148,8 @@ def preprocess_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageErr
         images: encoded images.
 
     Returns:
-        (pixels float32 [n, 3, 224, 224], errors): ``errors[i]`` is None when image i succeeded;
-        a failed image's slot holds normalized black, and the others are unaffected.
+        (pixels uint8 [n, 3, 224, 224], errors): ``errors[i]`` is None when image i succeeded;
+        a failed image's slot holds black, and the others are unaffected.
     """
     rgb, errors = rgb_batch(images)
-    return normalize(rgb), errors
-
-
-def normalize_torch(rgb):
-    """uint8 [n, H, W, 3] torch tensor → float32 [n, 3, H, W] on the same device.
-
-    The same arithmetic as ``normalize``, for GPU instances: uint8 pixels cross to the GPU
-    (a quarter of the float32 bytes) and are normalized there.
-    """
-    return (rgb.permute(0, 3, 1, 2).float() - spec.PIXEL_MEAN) * spec.PIXEL_SCALE
+    return to_pixels(rgb), errors

@@ -7,9 +7,9 @@ made beforehand on a machine with this repository's venv (``bundle``): the trito
 for that stub, perf_analyzer, tritonclient with its gRPC imports, the pinned weights and
 labels, sample JPEGs. ``run`` first checks the host (Python version, torch and CUDA, the
 libpython the stub links, the bundle's numpy) and names whatever is missing; then it serves
-``--model-config-name=gpu-local``: JPEG bytes in, nvJPEG decode + crop + normalize on the GPU
-(preprocess), EfficientNet-Lite0 FP16 in PyTorch on the GPU (classifier; pixels through
-DLPack), top-k on the CPU (postprocess).
+``--model-config-name=gpu-local``: JPEG bytes in, nvJPEG decode + crop on the GPU (preprocess),
+EfficientNet-Lite0 FP16 in PyTorch on the GPU (classifier; uint8 pixels through DLPack,
+normalized by the network), top-k on the CPU (postprocess).
 
 From Python 3.11 the stub's interpreter is isolated (pybind11 2.10's ``embed.h``): it ignores
 PYTHONPATH and imports from the site-packages of the ``python3`` first on PATH. So ``run`` makes
@@ -421,7 +421,8 @@ def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
 
     def forward(batch):
         with torch.inference_mode():
-            x = batch.to(dtype).contiguous(memory_format=torch.channels_last)
+            # uint8 pixels, as served: the network normalizes them in its own precision.
+            x = batch.contiguous(memory_format=torch.channels_last)
             return model(x).float()
 
     for size in plan.raw_batches:

@@ -189,12 +189,12 @@ class ServedModel(abc.ABC):
 
 
 class ClassifierModel(ServedModel):
-    """The image classifier: PIXELS FP32 [-1, 3, 224, 224] → LOGITS FP32 [-1, 1000]."""
+    """The image classifier: PIXELS UINT8 [-1, 3, 224, 224] → LOGITS FP32 [-1, 1000]."""
 
     name = spec.CLASSIFIER
     input = spec.PIXELS
-    datatype = "FP32"
-    config_type = "TYPE_FP32"
+    datatype = "UINT8"
+    config_type = "TYPE_UINT8"
     input_dims = INPUT_DIMS
     output = spec.LOGITS
     output_dims = OUTPUT_DIMS
@@ -204,7 +204,7 @@ class ClassifierModel(ServedModel):
     backend = "onnxruntime"
 
     def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> np.ndarray | None:
-        """Float32 pixels from JSON numbers (None for flat data when not converting)."""
+        """uint8 pixels from JSON numbers (None for flat data when not converting)."""
         if not isinstance(data, list):
             raise InferenceRequestError(f"'data' of {self.input} must be a list of numbers")
         flat = not data or not isinstance(data[0], list)
@@ -219,24 +219,24 @@ class ClassifierModel(ServedModel):
             array = np.asarray(data)
         except ValueError as exc:  # ragged nesting
             raise InferenceRequestError(f"'data' of {self.input} is not a regular array") from exc
-        if array.dtype.kind not in "iuf":
-            raise InferenceRequestError(f"'data' of {self.input} must contain only numbers")
+        if array.dtype.kind not in "iu" or (array.size and (array.min() < 0 or array.max() > 255)):
+            raise InferenceRequestError(f"'data' of {self.input} must hold integers 0-255 (UINT8)")
         if array.size != math.prod(shape) or (array.ndim > 1 and array.shape != shape):
             raise InferenceRequestError(
                 f"{self.input} data has shape {list(array.shape)}, declared shape is {list(shape)}"
             )
-        return array.astype(np.float32, copy=False).reshape(shape)
+        return array.astype(np.uint8, copy=False).reshape(shape)
 
     def binary_data(self, chunk: memoryview, shape: tuple[int, ...], convert: bool) -> np.ndarray:
-        """Float32 pixels viewed in the body (little-endian FP32)."""
-        nbytes = math.prod(shape) * 4
+        """uint8 pixels viewed in the body."""
+        nbytes = math.prod(shape)
         if len(chunk) != nbytes:
             raise InferenceRequestError(
-                f"{self.input} binary_data_size is {len(chunk)}, shape {list(shape)} in FP32 "
+                f"{self.input} binary_data_size is {len(chunk)}, shape {list(shape)} in UINT8 "
                 f"needs {nbytes} bytes"
             )
         # Zero-copy view of the body; the batcher copies it once into the batch.
-        return np.frombuffer(chunk, dtype="<f4").reshape(shape)
+        return np.frombuffer(chunk, dtype=np.uint8).reshape(shape)
 
     def runner(self, session: Any) -> Callable[[np.ndarray], np.ndarray]:
         """Pixels [rows, 3, 224, 224] → logits [rows, 1000], one onnxruntime run."""
@@ -247,8 +247,8 @@ class ClassifierModel(ServedModel):
         return run_batch
 
     def warmup_input(self) -> np.ndarray:
-        """One image of zeros."""
-        return np.zeros((1, *INPUT_DIMS), np.float32)
+        """One black image."""
+        return np.zeros((1, *INPUT_DIMS), np.uint8)
 
 
 def _json_leaves(name: str, data: object, shape: tuple[int, ...]) -> list:

@@ -56,7 +56,7 @@ def decode_request(
         model: the served model (default: the classifier).
 
     Returns:
-        The rows (float32 pixels [batch, 3, 224, 224], or a list of batch texts) and how to
+        The rows (uint8 pixels [batch, 3, 224, 224], or a list of batch texts) and how to
         encode the answer.
 
     Raises:

@@ -29,12 +29,15 @@ class TorchClassifier:
         weights = Path(params["weights"]) if params.get("weights") else None
         model = efficientnet_lite.load_pretrained(weights).to(self.device, self.dtype)
         self.model = model.to(memory_format=torch.channels_last)
-        self._run(torch.zeros(1, spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE))
+        self._run(
+            torch.zeros(1, spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE, dtype=torch.uint8)
+        )
         self.run = bk.concatenated(lambda b: {spec.LOGITS: self._run(b[spec.PIXELS])}, torch.cat)
 
     def _run(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            batch = pixels.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
+            # uint8 pixels: the network normalizes them in its own precision.
+            batch = pixels.to(self.device).contiguous(memory_format=torch.channels_last)
             return self.model(batch).float()
 
     def execute(self, requests):

@@ -32,9 +32,9 @@ SHAPE = [spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE]
 
 # The contract of each model, from pipelines.classification: name -> (inputs, outputs).
 CONTRACT = {
-    spec.PREPROCESS: ({spec.IMAGE: (mc.TYPE_STRING, [1])}, {spec.PIXELS: (mc.TYPE_FP32, SHAPE)}),
+    spec.PREPROCESS: ({spec.IMAGE: (mc.TYPE_STRING, [1])}, {spec.PIXELS: (mc.TYPE_UINT8, SHAPE)}),
     spec.CLASSIFIER: (
-        {spec.PIXELS: (mc.TYPE_FP32, SHAPE)},
+        {spec.PIXELS: (mc.TYPE_UINT8, SHAPE)},
         {spec.LOGITS: (mc.TYPE_FP32, [spec.NUM_CLASSES])},
     ),
     spec.POSTPROCESS: (

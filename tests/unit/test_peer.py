@@ -77,7 +77,7 @@ def run_with_app(app, scenario):
 
 def infer_body(pixels, nested=False, **extra):
     data = pixels.tolist() if nested else pixels.reshape(-1).tolist()
-    tensor = {"name": spec.PIXELS, "shape": list(pixels.shape), "datatype": "FP32", "data": data}
+    tensor = {"name": spec.PIXELS, "shape": list(pixels.shape), "datatype": "UINT8", "data": data}
     return orjson.dumps({"inputs": [tensor], **extra})
 
 
@@ -89,7 +89,7 @@ def logits_of(content):
 
 
 def images(rows, seed):
-    return np.random.default_rng(seed).normal(size=(rows, *SHAPE)).astype(np.float32)
+    return np.random.default_rng(seed).integers(0, 256, size=(rows, *SHAPE), dtype=np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_nested_json_and_binary_tensors_match_onnxruntime(app, session):
                 {
                     "name": spec.PIXELS,
                     "shape": [2, *SHAPE],
-                    "datatype": "FP32",
+                    "datatype": "UINT8",
                     "parameters": {"binary_data_size": pixels.nbytes},
                 }
             ],
@@ -222,8 +222,8 @@ def _tensor(**changes):
     tensor = {
         "name": spec.PIXELS,
         "shape": [1, *SHAPE],
-        "datatype": "FP32",
-        "data": [0.0] * int(np.prod(SHAPE)),
+        "datatype": "UINT8",
+        "data": [0] * int(np.prod(SHAPE)),
     }
     return orjson.dumps({"inputs": [{**tensor, **changes}]})
 
@@ -233,13 +233,15 @@ BAD_REQUESTS = [
     (b"[]", "must be a JSON object"),
     (b"{}", "has no 'inputs'"),
     (_tensor(name="IMAGE"), "expected exactly one input 'PIXELS'"),
-    (_tensor(datatype="FP16"), "datatype FP32"),
+    (_tensor(datatype="FP32"), "datatype UINT8"),
     (_tensor(shape=[1, 3, 32, 32]), "the model expects [-1, 3, 224, 224]"),
     (_tensor(shape=[9, *SHAPE]), "outside 1..8"),
-    (_tensor(data=[0.0] * 10), "has 10 values"),
-    (_tensor(data=["x"] * int(np.prod(SHAPE))), "only numbers"),
-    (_tensor(data=[None] * int(np.prod(SHAPE))), "only numbers"),
-    (_tensor(data=[[0.0] * 3, [0.0]]), "not a regular array"),
+    (_tensor(data=[0] * 10), "has 10 values"),
+    (_tensor(data=["x"] * int(np.prod(SHAPE))), "integers 0-255"),
+    (_tensor(data=[None] * int(np.prod(SHAPE))), "integers 0-255"),
+    (_tensor(data=[0.5] * int(np.prod(SHAPE))), "integers 0-255"),
+    (_tensor(data=[256] * int(np.prod(SHAPE))), "integers 0-255"),
+    (_tensor(data=[[0] * 3, [0]]), "not a regular array"),
     (
         orjson.dumps({**orjson.loads(_tensor()), "outputs": [{"name": "SCORES"}]}),
         "unknown output 'SCORES'",
@@ -285,11 +287,11 @@ def test_metadata_config_and_health_follow_kserve_v2(app):
     assert all(status == 200 for status, _, _ in replies.values())
     assert "statistics" in orjson.loads(replies["/v2"][2])["extensions"]
     meta = orjson.loads(replies["/v2/models/classifier"][2])
-    assert meta["inputs"] == [{"name": "PIXELS", "datatype": "FP32", "shape": [-1, *SHAPE]}]
+    assert meta["inputs"] == [{"name": "PIXELS", "datatype": "UINT8", "shape": [-1, *SHAPE]}]
     assert meta["outputs"] == [{"name": "LOGITS", "datatype": "FP32", "shape": [-1, 1000]}]
     config = orjson.loads(replies["/v2/models/classifier/config"][2])
     assert config["max_batch_size"] == 8
-    assert config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["input"][0]["data_type"] == "TYPE_UINT8"
     assert config["input"][0]["dims"] == list(SHAPE)
     assert config["output"][0]["dims"] == [spec.NUM_CLASSES]
 

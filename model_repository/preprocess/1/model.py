@@ -1,4 +1,4 @@
-"""Triton adapter: encoded images → normalized pixels (pipelines.image does the work)."""
+"""Triton adapter: encoded images → uint8 pixels (pipelines.image does the work)."""
 
 import time
 
