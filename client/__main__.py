@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"classes per image (server default {spec.DEFAULT_TOP_K})",
     )
+    cls.add_argument(
+        "--model",
+        default=spec.ENSEMBLE,
+        choices=(spec.ENSEMBLE, spec.FUSED),
+        help=f"the ensemble, or {spec.FUSED} (the same pipeline in one step, for the CPU)",
+    )
     _add_connection_args(cls)
     emb = sub.add_parser(
         "embed",
@@ -78,7 +84,7 @@ def classify(args: argparse.Namespace) -> int:
         images = [path.read_bytes() for path in args.images]
     except OSError as exc:
         raise connection.ClientError(f"cannot read {exc.filename}: {exc.strerror}") from None
-    with ClassifyClient(args.url, args.protocol, priority=args.priority) as client:
+    with ClassifyClient(args.url, args.protocol, args.model, args.priority) as client:
         client.check_ready()
         predictions = client.classify(images, top_k=args.top_k)
     for path, prediction in zip(args.images, predictions, strict=True):

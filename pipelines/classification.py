@@ -17,6 +17,8 @@ ENSEMBLE = "classify"
 PREPROCESS = "preprocess"
 CLASSIFIER = "classifier"
 POSTPROCESS = "postprocess"
+# The same pipeline in one Python step, for the CPU (beside the ensemble, same contract).
+FUSED = "classify_fused"
 
 # Tensors, named after what they hold.
 IMAGE = "IMAGE"  # TYPE_STRING [1]: one encoded image (JPEG, PNG, WebP, ...) per batch item

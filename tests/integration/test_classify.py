@@ -1,4 +1,8 @@
-"""The classify ensemble on a real tritonserver, over HTTP and gRPC, sync and asyncio."""
+"""classify on a real tritonserver, over HTTP and gRPC, sync and asyncio.
+
+Both ways it is served, where their behaviour is the contract: the ensemble and classify_fused
+(the same pipeline in one step) give the same answers and the same errors.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,10 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOLS = ["http", "grpc"]
+MODELS = [spec.ENSEMBLE, spec.FUSED]
+# The step whose executions tell whether requests were batched together: preprocess is the
+# ensemble's first.
+BATCHING_STEP = {spec.ENSEMBLE: spec.PREPROCESS, spec.FUSED: spec.FUSED}
 CAT_CLASSES = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
 SCORE_ATOL = 1e-4
 
@@ -40,10 +48,11 @@ def assert_matches_reference(predictions, reference, images, top_k=spec.DEFAULT_
         np.testing.assert_allclose(got.scores, want_scores, atol=SCORE_ATOL)
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_served_results_equal_the_in_process_reference(server, reference, photos, protocol):
+def test_served_results_equal_the_in_process_reference(server, reference, photos, protocol, model):
     images = list(photos.values())
-    with ClassifyClient(url(server, protocol), protocol) as client:
+    with ClassifyClient(url(server, protocol), protocol, model) as client:
         client.check_ready()
         predictions = client.classify(images)
     assert_matches_reference(predictions, reference, images)
@@ -54,10 +63,11 @@ def test_served_results_equal_the_in_process_reference(server, reference, photos
     } == {"coffee": "espresso", "flower": "daisy"}
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_top_k_is_chosen_per_request(server, reference, photos, protocol):
+def test_top_k_is_chosen_per_request(server, reference, photos, protocol, model):
     images = [photos["chelsea"], photos["coffee"]]
-    with ClassifyClient(url(server, protocol), protocol) as client:
+    with ClassifyClient(url(server, protocol), protocol, model) as client:
         three = client.classify(images, top_k=3)
         default = client.classify(images)
         everything = client.classify(images[:1], top_k=spec.NUM_CLASSES)
@@ -79,6 +89,34 @@ def test_asyncio_clients_under_concurrency(server, reference, photos, protocol):
     results = asyncio.run(run())
     for name, predictions in zip(names, results, strict=True):
         assert_matches_reference(predictions, reference, [photos[name]])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_top_5_equals_the_raw_pipeline_on_216_images_made_from_the_photos(server, reference, model):
+    """Crops, rescales, rotations and mirror images (export.samples.variants), 8 at a time."""
+    from export import samples
+
+    made = samples.variants()
+    assert len(made) >= 200
+
+    async def classify_all():
+        async with AsyncClassifyClient(server.grpc_url, "grpc", model) as client:
+            limit = asyncio.Semaphore(8)
+
+            async def one(data):
+                async with limit:
+                    return await client.classify([data])
+
+            return await asyncio.gather(*(one(data) for _, data in made))
+
+    served = asyncio.run(classify_all())
+    _, _, want = reference.classify([data for _, data in made], spec.DEFAULT_TOP_K)
+    differ = [
+        name
+        for (name, _), (got,), ids in zip(made, served, want, strict=True)
+        if got.class_ids != ids.tolist()
+    ]
+    assert differ == [], f"top-5 differs from the raw pipeline for {differ}"
 
 
 def model_stats(server, model: str) -> dict:
@@ -113,7 +151,9 @@ def test_dynamic_batcher_forms_batches_across_requests(server, photos):
     assert batched_in_some_burst(burst_checked, requests), "the batcher never joined requests"
 
 
-def raw_infer(server, protocol: str, inputs_spec: list[tuple[str, np.ndarray, str]]):
+def raw_infer(
+    server, protocol: str, inputs_spec: list[tuple[str, np.ndarray, str]], model=spec.ENSEMBLE
+):
     """Send a hand-made request, bypassing our client's checks; returns the error text."""
     mod = module(protocol)
     with mod.InferenceServerClient(url(server, protocol)) as client:
@@ -123,7 +163,7 @@ def raw_infer(server, protocol: str, inputs_spec: list[tuple[str, np.ndarray, st
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         try:
-            client.infer(spec.ENSEMBLE, inputs)
+            client.infer(model, inputs)
         except Exception as exc:  # noqa: BLE001 - the test inspects the message
             return str(exc)
     return None
@@ -133,7 +173,7 @@ def images(*items: bytes) -> np.ndarray:
     return np.array(items, dtype=np.object_).reshape(-1, 1)
 
 
-def bad_cases(photo: bytes) -> dict[str, tuple[list, str]]:
+def bad_cases(photo: bytes, model: str = spec.ENSEMBLE) -> dict[str, tuple[list, str]]:
     return {
         "not-an-image": ([(spec.IMAGE, images(b"GIF? no, plain text"), "BYTES")], "not an image"),
         "truncated-jpeg": (
@@ -147,7 +187,7 @@ def bad_cases(photo: bytes) -> dict[str, tuple[list, str]]:
         ),
         "wrong-dtype": (
             [(spec.IMAGE, np.zeros((1, 1), np.float32), "FP32")],
-            "data-type is 'FP32', but model 'classify' expects 'BYTES'",
+            f"data-type is 'FP32', but model '{model}' expects 'BYTES'",
         ),
         "wrong-shape": (
             [(spec.IMAGE, images(photo, photo).reshape(1, 2), "BYTES")],
@@ -171,31 +211,36 @@ CASES = list(bad_cases(b"x"))
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, photos, protocol, case):
-    inputs, expected = bad_cases(photos["chelsea"])[case]
-    message = raw_infer(server, protocol, inputs)
+def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(
+    server, photos, protocol, model, case
+):
+    inputs, expected = bad_cases(photos["chelsea"], model)[case]
+    message = raw_infer(server, protocol, inputs, model)
     assert message is not None, "the bad request succeeded"
     assert expected in message
     assert ("400" if protocol == "http" else "INVALID_ARGUMENT") in message
-    with ClassifyClient(url(server, protocol), protocol) as client:
+    with ClassifyClient(url(server, protocol), protocol, model) as client:
         client.check_ready()
         assert client.classify([photos["chelsea"]])[0].labels[0] in CAT_CLASSES
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
-    server, reference, photos, protocol
+    server, reference, photos, protocol, model
 ):
     bad = photos["coffee"][:1500]
     plan = [photos["chelsea"], photos["coffee"], bad, photos["flower"]] * 6
 
-    # A full batch of photos goes first: while preprocess's one instance decodes it, the burst
-    # queues behind it and the batcher joins what queued, however slowly a busy client sends.
+    # A full batch of photos goes first: while the first step's one instance decodes it, the
+    # burst queues behind it and the batcher joins what queued, however slowly a busy client
+    # sends.
     blocker = [photos["flower"]] * 32
 
     async def burst():
-        async with AsyncClassifyClient(url(server, protocol), protocol) as client:
+        async with AsyncClassifyClient(url(server, protocol), protocol, model) as client:
             return await asyncio.gather(
                 client.classify(blocker),
                 *(client.classify([img]) for img in plan),
@@ -203,9 +248,9 @@ def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
             )
 
     def burst_checked() -> int:
-        before = model_stats(server, spec.PREPROCESS)
+        before = model_stats(server, BATCHING_STEP[model])
         first, *results = asyncio.run(burst())
-        after = model_stats(server, spec.PREPROCESS)
+        after = model_stats(server, BATCHING_STEP[model])
         assert len(first) == len(blocker)
         for img, result in zip(plan, results, strict=True):
             if img is bad:
@@ -218,13 +263,13 @@ def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
     assert batched_in_some_burst(burst_checked, 1 + len(plan)), "never batched with the bad ones"
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_cli_prints_labels_and_scores(server, photos, tmp_path, protocol):
+@pytest.mark.parametrize(("protocol", "model"), [("http", spec.ENSEMBLE), ("grpc", spec.FUSED)])
+def test_cli_prints_labels_and_scores(server, photos, tmp_path, protocol, model):
     cat = tmp_path / "chelsea.jpg"
     cat.write_bytes(photos["chelsea"])
     done = run_cli(
         *("classify", str(cat), "--url", url(server, protocol), "--protocol", protocol),
-        *("--top-k", "3", "--priority", "1"),
+        *("--top-k", "3", "--priority", "1", "--model", model),
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

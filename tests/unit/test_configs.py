@@ -50,6 +50,7 @@ CONTRACT[spec.ENSEMBLE] = (
     {spec.IMAGE: CONTRACT[spec.PREPROCESS][0][spec.IMAGE], spec.TOP_K: (mc.TYPE_INT32, [1])},
     CONTRACT[spec.POSTPROCESS][1],
 )
+CONTRACT[spec.FUSED] = CONTRACT[spec.ENSEMBLE]  # the same pipeline in one step
 TOKENS = {emb.INPUT_IDS: (mc.TYPE_INT64, [-1]), emb.ATTENTION_MASK: (mc.TYPE_INT64, [-1])}
 TEXT = {emb.TEXT: (mc.TYPE_STRING, [1])}
 EMBEDDING = {emb.EMBEDDING: (mc.TYPE_FP32, [emb.HIDDEN_SIZE])}

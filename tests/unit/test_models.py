@@ -153,6 +153,42 @@ def test_postprocess_runs_top_k_once_with_each_requests_own_k(monkeypatch):
     assert failed(responses[4], INVALID, f"{cspec.LOGITS} is empty")
 
 
+def test_fused_classify_runs_the_model_once_on_decoded_images_and_answers_as_classify(
+    monkeypatch, classifier_onnx
+):
+    from bench.reference import ReferenceClassifier
+
+    model = load(cspec.FUSED)
+    runs = onnx_runs(monkeypatch)
+    k = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
+    responses = model.execute(
+        [
+            request(IMAGE=images("chelsea"), TOP_K=k(3)),
+            request(IMAGE=np.array([[b"not an image"]], dtype=np.object_)),
+            request(IMAGE=images("coffee"), TOP_K=k(0)),  # out of range
+            request(cancelled=True, IMAGE=images("flower")),
+            request(IMAGE=images("coffee", "astronaut")),  # the config's default k
+        ]
+    )
+    # One model run, over the three images of the two good requests only.
+    assert runs.sizes == [(3, (cspec.CHANNELS, cspec.IMAGE_SIZE, cspec.IMAGE_SIZE))]
+    reference = ReferenceClassifier(classifier_onnx)
+    expected = [
+        (responses[0], ("chelsea",), 3),
+        (responses[4], ("coffee", "astronaut"), cspec.DEFAULT_TOP_K),
+    ]
+    for response, names, top in expected:
+        labels, scores, ids = reference.classify([samples.photo_bytes(n) for n in names], top)
+        np.testing.assert_array_equal(output(response, cspec.CLASS_IDS), ids)
+        np.testing.assert_allclose(output(response, cspec.SCORES), scores, rtol=1e-5)
+        assert output(response, cspec.LABELS).tolist() == labels.tolist()
+    assert failed(responses[1], INVALID, f"{cspec.IMAGE}[0]: not an image")
+    assert failed(responses[2], INVALID, f"{cspec.TOP_K} must be between 1")
+    assert failed(responses[3], CANCELLED, "cancelled")
+    # Its decode failures and images count as preprocess's do, under its own name.
+    assert model.metrics.series["images"].value == 4
+
+
 def texts(*items) -> np.ndarray:
     return np.array([t.encode() if isinstance(t, str) else t for t in items], np.object_).reshape(
         -1, 1

@@ -1,0 +1,207 @@
+"""The image models' Python-backend adapters: preprocess, postprocess, and classify_fused.
+
+preprocess and postprocess are the Python steps of the ``classify`` ensemble. classify_fused
+runs the same pipeline in one step, for the CPU: there every Python step costs a round trip to
+its stub process and meets caches the previous step's process left cold, which together cost
+more than the steps' own work (measured: docs/performance.md). One execute decodes every image
+of every request, runs the classifier's own ``model.onnx`` once over the decoded ones and takes
+each request's top k. Requests are read, refused and answered by the same functions in all
+three, so the two paths answer alike, errors included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import classification as spec
+from pipelines import image, onnx_runner
+from pipelines.backend import batching as bk
+from pipelines.backend import metrics
+
+
+# What each request holds, and what it gets back -------------------------------------------------
+def read_images(request, failures: metrics.PreprocessMetrics) -> list[bytes]:
+    """The encoded images of one request (``RequestError`` if it has none, counted)."""
+    try:
+        items = bk.inputs(request, [spec.IMAGE])[spec.IMAGE].reshape(-1)
+    except bk.RequestError:
+        failures.failed(["no images in the request"])
+        raise
+    return [bytes(item) for item in items]
+
+
+def read_top_k(request, default: int) -> int:
+    """The request's TOP_K (one value for all its images), or ``default`` without one."""
+    ks = bk.input_array(request, spec.TOP_K)
+    if ks is None:
+        return default
+    ks = ks.reshape(-1)
+    if len(ks) == 0 or np.any(ks != ks[0]):
+        raise bk.RequestError(f"{spec.TOP_K} must be one value for the whole request, got {ks}")
+    k = int(ks[0])
+    if not 1 <= k <= spec.NUM_CLASSES:
+        raise bk.RequestError(f"{spec.TOP_K} must be between 1 and {spec.NUM_CLASSES}, got {k}")
+    return k
+
+
+def spans(counts: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of consecutive runs of ``counts`` rows: each request's rows of a batch."""
+    return list(itertools.pairwise(itertools.accumulate(counts, initial=0)))
+
+
+def per_request(counts: list[int], errors: list) -> list[tuple[int, int] | bk.RequestError]:
+    """Each request's (start, end) rows of a batch of images, or the error of its first bad one."""
+    out = []
+    for start, end in spans(counts):
+        bad = [(i, e) for i, e in enumerate(errors[start:end]) if e is not None]
+        out.append(
+            bk.RequestError(f"{spec.IMAGE}[{bad[0][0]}]: {bad[0][1]}") if bad else (start, end)
+        )
+    return out
+
+
+def respond_top_k(logits: np.ndarray, rows: list[tuple[int, int]], ks: list[int]) -> list[dict]:
+    """LABELS, SCORES and CLASS_IDS of requests that own ``rows`` of ``logits`` and asked ``ks``.
+
+    One softmax and sort for all of them, with the largest k asked.
+    """
+    ids, scores = spec.top_k(logits, max(ks))
+    out = []
+    for (start, end), k in zip(rows, ks, strict=True):
+        # Rows are sorted, so the first k of the largest k are this request's top k.
+        request_ids = ids[start:end, :k]
+        out.append(
+            {
+                spec.LABELS: spec.label_names(request_ids),
+                spec.SCORES: scores[start:end, :k],
+                spec.CLASS_IDS: request_ids,
+            }
+        )
+    return out
+
+
+# The models ------------------------------------------------------------------------------------
+class PreprocessModel:
+    """preprocess: every image of every request decoded in one pass; a bad image fails its request.
+
+    On a KIND_GPU instance nvJPEG decodes on that GPU where it can (pipelines.gpu_image), and
+    the pixels leave through DLPack for the classifier on the same GPU.
+    """
+
+    def initialize(self, args):
+        """Note this instance's device; create its metrics."""
+        self.name = args["model_name"]
+        self.device = bk.instance_device(args)
+        self.metrics = metrics.PreprocessMetrics(args)
+        self.respond = bk.respond_arrays if self.device == "cpu" else bk.respond_tensors
+
+    def finalize(self):
+        """Release the metric series before the stub exits."""
+        self.metrics.close()
+
+    def _pixels(self, images: list[bytes]):
+        if self.device == "cpu":
+            return image.preprocess_batch(images)
+        from pipelines import gpu_image  # torch: only GPU instances import it
+
+        return gpu_image.preprocess_batch(images, self.device)
+
+    def _run(self, items: list[list[bytes]]) -> list[dict | Exception]:
+        # Host time on both paths (on a GPU instance the resize may still be running).
+        started = time.perf_counter()
+        pixels, errors = self._pixels([img for images in items for img in images])
+        self.metrics.batch(time.perf_counter() - started, errors)
+        return [
+            rows if isinstance(rows, Exception) else {spec.PIXELS: pixels[rows[0] : rows[1]]}
+            for rows in per_request([len(images) for images in items], errors)
+        ]
+
+    def execute(self, requests):
+        """One response per request, in order."""
+        return bk.execute(
+            requests,
+            lambda r: read_images(r, self.metrics),
+            self._run,
+            model=self.name,
+            respond=self.respond,
+            rows=len,
+        )
+
+
+class PostprocessModel:
+    """postprocess: softmax and top-k once over all requests; each request keeps its own k."""
+
+    def initialize(self, args):
+        """Read the default k; load the label table before the first request."""
+        self.name = args["model_name"]
+        self.default_k = int(bk.parameters(args).get("top_k", spec.DEFAULT_TOP_K))
+        spec.label_names(np.zeros(1, dtype=np.int32))
+
+    def _parse(self, request) -> tuple[np.ndarray, int]:
+        k = read_top_k(request, self.default_k)
+        return bk.inputs(request, [spec.LOGITS])[spec.LOGITS], k
+
+    def _run(self, items: list[tuple[np.ndarray, int]]) -> list[dict]:
+        rows = spans([len(x) for x, _ in items])
+        return respond_top_k(np.concatenate([x for x, _ in items]), rows, [k for _, k in items])
+
+    def execute(self, requests):
+        """One response per request, in order; a bad TOP_K fails only its request."""
+        return bk.execute(
+            requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
+        )
+
+
+class FusedClassifyModel:
+    """classify_fused: image bytes to top-k labels in one execute, for the CPU."""
+
+    def initialize(self, args):
+        """Open the classifier's model.onnx with this step's thread budget; load the labels."""
+        self.name = args["model_name"]
+        params = bk.parameters(args)
+        self.default_k = int(params.get("top_k", spec.DEFAULT_TOP_K))
+        # The path is relative to the repository, which is this model folder's parent.
+        onnx_path = Path(args["model_repository"]).parent / params["model"]
+        self.session = onnx_runner.create_session(
+            onnx_path,
+            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
+            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+        )
+        self.metrics = metrics.PreprocessMetrics(args)
+        spec.label_names(np.zeros(1, dtype=np.int32))
+
+    def finalize(self):
+        """Release the metric series before the stub exits."""
+        self.metrics.close()
+
+    def _parse(self, request) -> tuple[list[bytes], int]:
+        k = read_top_k(request, self.default_k)
+        return read_images(request, self.metrics), k
+
+    def _run(self, items: list[tuple[list[bytes], int]]) -> list[dict | Exception]:
+        started = time.perf_counter()
+        pixels, errors = image.preprocess_batch([img for images, _ in items for img in images])
+        self.metrics.batch(time.perf_counter() - started, errors)
+        slots = per_request([len(images) for images, _ in items], errors)
+        good = [
+            (rows, k) for rows, (_, k) in zip(slots, items, strict=True) if isinstance(rows, tuple)
+        ]
+        outputs = []
+        if good:
+            # Only the requests whose images all decoded reach the model, in one run.
+            wanted = np.concatenate([np.arange(*rows) for rows, _ in good])
+            logits = onnx_runner.run(self.session, {spec.PIXELS: pixels[wanted]}, [spec.LOGITS])[0]
+            rows = spans([end - start for (start, end), _ in good])
+            outputs = respond_top_k(logits, rows, [k for _, k in good])
+        answers = iter(outputs)
+        return [rows if isinstance(rows, Exception) else next(answers) for rows in slots]
+
+    def execute(self, requests):
+        """One response per request, in order; a bad image or TOP_K fails only its request."""
+        return bk.execute(
+            requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
+        )
