@@ -31,6 +31,10 @@ SATURATION = 16  # the traced level that keeps the core busy (and the untraced r
 # The kind of a step's compute beyond its raw stages: its own colour in the plot.
 OVERHEAD = "compute beyond the raw functions"
 TOLERANCE_MS = 0.5  # the attribution is claimed good to this; a wider drift is said
+# The client's mean beyond the server's span: the client, the loopback and the protocol
+# libraries, and whatever the server's processes still did on the core when the next request
+# came (the steps' release after the send is one such thing: the figure above it).
+OUTSIDE = "outside the server's span: client, loopback, work left from the last request"
 
 
 def _key(row: dict) -> tuple:
@@ -125,7 +129,12 @@ def concurrency_one(rows: list[dict], found: dict[tuple, trace.Breakdown], model
                 continue
             plain = _rows(rows, model, protocol, 1, "batching")
             untraced = next((r["avg_ms"] for r in plain if r["round"] == row["round"]), None)
-            per_round.append(_gap(result, stages, row["avg_ms"], untraced, _drift(row)))
+            cpu = json.loads(row["cpu_ms_per_item"]) if row.get("cpu_ms_per_item") else {}
+            figures = _gap(result, stages, row["avg_ms"], untraced, _drift(row))
+            figures["figures"]["CPU per request, every process of the server"] = (
+                sum(cpu.values()) if cpu else None
+            )
+            per_round.append(figures)
         if not per_round:
             continue
         segments = [
@@ -163,10 +172,11 @@ def _gap(
         else:
             causes["front end and ensemble scheduling"] += ms
     server = result.total_ms
-    causes["client, loopback and protocol libraries (client − server)"] = client_ms - server
+    causes[OUTSIDE] = client_ms - server
     pipeline = sum(stages.values())
     figures = {
         "server, read to sent": server,
+        "steps still releasing after the send (off the path)": result.release_ms,
         "client mean, traced": client_ms,
         "client mean, untraced (same round)": untraced_ms,
         "raw pipeline, one image (its stages)": pipeline,
@@ -189,13 +199,19 @@ def cpu_split(rows: list[dict], model: str, protocol: str) -> dict[str, float] |
     return {n: statistics.median(f.get(n, 0.0) for f in found) for n in names}
 
 
+def _models(rows: list[dict]) -> list[str]:
+    """The traced models, the ensemble first."""
+    traced = {r["model"] for r in rows if r["variant"] == trace.VARIANT}
+    return sorted(traced, key=lambda m: (m != ENS, m))
+
+
 def section(rows: list[dict], raw: dict[int, dict], found: dict, problems: list[str]) -> list[str]:
-    """The report's section: c=1 path and gap, saturation path and CPU per image."""
+    """The report's section: c=1 path and gap per model, saturation path, CPU per image."""
     if not found and not problems:
         return []
     lines = [
         "",
-        f"## Where `{ENS}`'s time goes, step by step (Triton's trace)",
+        "## Where a request's time goes, step by step (Triton's trace)",
         "",
         "Every request traced (`--trace-config`, level TIMESTAMPS) while perf_analyzer ran; each "
         "request laid out along its path through the server (`bench/trace.py`), means over the "
@@ -203,98 +219,135 @@ def section(rows: list[dict], raw: dict[int, dict], found: dict, problems: list[
         "stages (`python -m bench.raw --stages`) were timed on the server's core right before "
         "and after each case at concurrency 1, the server idle.",
     ]
-    c1 = concurrency_one(rows, found, ENS)
-    if c1:
-        protocols = [p for p in PROTOCOLS if p in c1]
-        head = " | ".join(f"{p} ms" for p in protocols)
-        lines += ["", "### Concurrency 1", "", f"| segment | {head} | raw pipeline ms |"]
-        lines.append("|---|" + "---|" * (len(protocols) + 1))
-        first = c1[protocols[0]]
-        for i, (name, _, _) in enumerate(first["segments"]):
-            cells = [_cell(c1[p]["segments"][i][2]) for p in protocols]
-            raw_ms = first["raw"].get(name)
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell(raw_ms)} |")
-        for name in first["figures"]:
-            cells = [_cell(c1[p]["figures"].get(name)) for p in protocols]
-            lines.append(f"| **{name}** | " + " | ".join(cells) + " | |")
-        lines += ["", "The gap, by cause (ms; the causes add up to the gap):", ""]
-        lines += [f"| cause | {head} |", "|---|" + "---|" * len(protocols)]
-        for name in first["causes"]:
-            cells = [_cell(c1[p]["causes"].get(name)) for p in protocols]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        for p in protocols:
-            drift = c1[p]["figures"].get("raw pipeline before vs after the case (drift)")
-            if drift is not None and drift > TOLERANCE_MS:
-                lines.append(
-                    f"\n{p}: the raw pipeline's time moved by {drift:.2f} ms between its two "
-                    "timings (the machine's speed drifts), so the compute shares are good to "
-                    "about that, not to the 0.5 ms asked."
-                )
+    for model in _models(rows):
+        c1 = concurrency_one(rows, found, model)
+        if c1:
+            lines += _c1_lines(model, c1)
     lines += _saturation(rows, raw, found)
     if problems:
         lines += ["", "Not read: " + "; ".join(problems)]
     return lines
 
 
+def _c1_lines(model: str, c1: dict) -> list[str]:
+    protocols = [p for p in PROTOCOLS if p in c1]
+    head = " | ".join(f"{p} ms" for p in protocols)
+    lines = ["", f"### `{model}` at concurrency 1", "", f"| segment | {head} | raw pipeline ms |"]
+    lines.append("|---|" + "---|" * (len(protocols) + 1))
+    first = c1[protocols[0]]
+    for i, (name, _, _) in enumerate(first["segments"]):
+        cells = [_cell(c1[p]["segments"][i][2]) for p in protocols]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell(first['raw'].get(name))} |")
+    for name in first["figures"]:
+        cells = [_cell(c1[p]["figures"].get(name)) for p in protocols]
+        lines.append(f"| **{name}** | " + " | ".join(cells) + " | |")
+    lines += ["", "The gap, by cause (ms; the causes add up to the gap):", ""]
+    lines += [f"| cause | {head} |", "|---|" + "---|" * len(protocols)]
+    for name in first["causes"]:
+        cells = [_cell(c1[p]["causes"].get(name)) for p in protocols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for p in protocols:
+        drift = c1[p]["figures"].get("raw pipeline before vs after the case (drift)")
+        if drift is not None and drift > TOLERANCE_MS:
+            lines.append(
+                f"\n{p}: the raw pipeline's time moved by {drift:.2f} ms between its two "
+                "timings (the machine's speed drifts), so the compute shares are good to "
+                "about that, not to the 0.5 ms asked."
+            )
+    return lines
+
+
 def _saturation(rows: list[dict], raw: dict[int, dict], found: dict) -> list[str]:
     lines = []
-    traced = {
-        p: [
-            found[_key(r)]
-            for r in _rows(rows, ENS, p, SATURATION, trace.VARIANT)
-            if _key(r) in found
-        ]
-        for p in PROTOCOLS
-    }
-    protocols = [p for p in PROTOCOLS if traced[p]]
-    if protocols:
+    for model in _models(rows):
+        traced = {
+            p: [
+                found[_key(r)]
+                for r in _rows(rows, model, p, SATURATION, trace.VARIANT)
+                if _key(r) in found
+            ]
+            for p in PROTOCOLS
+        }
+        protocols = [p for p in PROTOCOLS if traced[p]]
+        if not protocols:
+            continue
         head = " | ".join(f"{p} ms" for p in protocols)
         lines += [
             "",
-            f"### Saturation (concurrency {SATURATION}): one request's path",
+            f"### `{model}` at concurrency {SATURATION}: one request's path",
             "",
             f"| segment | {head} |",
             "|---|" + "---|" * len(protocols),
         ]
-        names = [name for name, _, _ in traced[protocols[0]][0].segments]
-        for name in names:
+        for name, _, _ in traced[protocols[0]][0].segments:
             cells = [_cell(_median([b.get(name) for b in traced[p]])) for p in protocols]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    splits = {p: cpu_split(rows, ENS, p) for p in PROTOCOLS}
-    splits = {p: s for p, s in splits.items() if s}
+    splits = {
+        f"{model} {p}": split
+        for model in _models(rows)
+        for p in PROTOCOLS
+        if (split := cpu_split(rows, model, p))
+    }
+    if not splits:
+        return lines
     best = [max(c["pipeline"].values()) for c in raw.values() if c.get("pipeline")]
-    if splits:
-        head = " | ".join(f"{p} ms" for p in splits)
-        lines += [
-            "",
-            f"CPU time per image at concurrency {SATURATION} (untraced), by process: the core "
-            "was never idle, so these add up to what one image cost it. The raw pipeline "
-            "in-process, at its best batch, for comparison:",
-            "",
-            f"| process | {head} |",
-            "|---|" + "---|" * len(splits),
-        ]
-        # The model's own processes: the others of the server were idle.
-        names = [n for n in dict.fromkeys(n for s in splits.values() for n in s)
-                 if any(s.get(n, 0) >= 0.005 for s in splits.values())]  # fmt: skip
-        for name in names:
-            cells = [_cell(s.get(name)) for s in splits.values()]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        totals = [_cell(sum(s.values())) for s in splits.values()]
-        lines.append("| **all of them** | " + " | ".join(totals) + " |")
-        raw_ms = _cell(1000 / statistics.median(best)) if best else "–"
+    lines += [
+        "",
+        f"CPU time per image at concurrency {SATURATION} (untraced), by process, ms: the core was "
+        "never idle, so they add up to what one image cost it. The raw pipeline in-process at "
+        "its best batch, for comparison:",
+        "",
+        "| process | " + " | ".join(splits) + " |",
+        "|---|" + "---|" * len(splits),
+    ]
+    # The models' own processes: the server's other stubs were idle.
+    names = [
+        n
+        for n in dict.fromkeys(n for split in splits.values() for n in split)
+        if any(split.get(n, 0) >= 0.005 for split in splits.values())
+    ]
+    for name in names:
         lines.append(
-            "| raw pipeline in-process, best batch | " + " | ".join([raw_ms] * len(splits)) + " |"
+            f"| {name} | " + " | ".join(_cell(s.get(name)) for s in splits.values()) + " |"
         )
+    totals = [_cell(sum(s.values())) for s in splits.values()]
+    lines.append("| **all of them** | " + " | ".join(totals) + " |")
+    raw_ms = _cell(1000 / statistics.median(best)) if best else "–"
+    lines.append(
+        "| raw pipeline in-process, best batch | " + " | ".join([raw_ms] * len(splits)) + " |"
+    )
     return lines
 
 
 def plot(out_dir: Path, rows: list[dict], found: dict) -> Path | None:
-    """Stacked bars: c=1 path by kind against the raw stages; CPU per image at saturation."""
-    c1 = concurrency_one(rows, found, ENS)
-    splits = {p: cpu_split(rows, ENS, p) for p in PROTOCOLS}
-    splits = {p: s for p, s in splits.items() if s}
-    if not c1 and not splits:
+    """Stacked bars: c=1 paths by kind against the raw stages; CPU per image at saturation."""
+    bars: list[tuple[str, dict[str, float]]] = []
+    pipeline = None
+    for model in _models(rows):
+        for protocol, data in concurrency_one(rows, found, model).items():
+            stacked: dict[str, float] = defaultdict(float)
+            for name, kind, ms in data["segments"]:
+                raw_ms = data["raw"].get(name)
+                if raw_ms is not None:
+                    stacked["raw functions"] += raw_ms
+                    stacked[OVERHEAD] += ms - raw_ms
+                else:
+                    stacked[kind] += ms
+            figures = data["figures"]
+            stacked["client and network"] += (
+                figures["client mean, traced"] - figures["server, read to sent"]
+            )
+            pipeline = pipeline or figures["raw pipeline, one image (its stages)"]
+            bars.append((f"{model} {protocol}", stacked))
+    if pipeline is not None:
+        bars.insert(0, ("raw pipeline", {"raw functions": pipeline}))
+    cpu_bars = [
+        (f"{model} {p}", split)
+        for model in _models(rows)
+        for p in PROTOCOLS
+        if (split := cpu_split(rows, model, p))
+    ]
+    if not bars and not cpu_bars:
         return None
     import matplotlib
 
@@ -302,32 +355,9 @@ def plot(out_dir: Path, rows: list[dict], found: dict) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5))
-    bars: list[tuple[str, dict[str, float]]] = []
-    for protocol, data in c1.items():
-        stacked: dict[str, float] = defaultdict(float)
-        for name, kind, ms in data["segments"]:
-            raw_ms = data["raw"].get(name)
-            if raw_ms is not None:
-                stacked["raw functions"] += raw_ms
-                stacked[OVERHEAD] += ms - raw_ms
-            else:
-                stacked[kind] += ms
-        client = data["figures"]["client mean, traced"] - data["figures"]["server, read to sent"]
-        stacked["client and network"] += client
-        bars.append((f"{ENS} {protocol}", stacked))
-    if c1:
-        stages = {
-            "raw functions": next(iter(c1.values()))["figures"][
-                "raw pipeline, one image (its stages)"
-            ]
-        }
-        bars.insert(0, ("raw pipeline", stages))
     kinds = ["raw functions", OVERHEAD, *trace.KINDS, "client and network"]
-    _stack(
-        left, bars, kinds, "ms per request (mean)", "Concurrency 1: where one request's time goes"
-    )
-    cpu_bars = [(f"{ENS} {p}", s) for p, s in splits.items()]
-    names = list(dict.fromkeys(n for _, s in cpu_bars for n in s))
+    _stack(left, bars, kinds, "ms per request (mean)", "Concurrency 1: where a request's time goes")
+    names = list(dict.fromkeys(n for _, split in cpu_bars for n in split))
     _stack(right, cpu_bars, names, "CPU ms per image", f"Concurrency {SATURATION}: CPU per image")
     fig.tight_layout()
     path = out_dir / "where_time_goes.png"
@@ -340,7 +370,7 @@ def _stack(ax, bars: list[tuple[str, dict[str, float]]], kinds: list[str], xlabe
     left = [0.0] * len(bars)
     for kind in kinds:
         widths = [max(0.0, parts.get(kind, 0.0)) for _, parts in bars]
-        if any(widths):
+        if any(w > 0.005 for w in widths):
             ax.barh([label for label, _ in bars], widths, left=left, label=kind)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel(xlabel)

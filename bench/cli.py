@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     path = report.write_markdown(out / "report.md", rows, raw, method_lines, plots, section)
     print(f"report: {path}")
     for item in report.metric_table(rows, raw):
+        if item.get("why"):
+            print(f"  {item['metric'].name}: n/a: {item['why']}")
         if item["values"]:
             met = {None: "", True: "  [met]", False: "  [NOT met]"}[item["met"]]
             if item.get("capped"):

@@ -38,7 +38,8 @@ from server.process import stub_model
 log = logging.getLogger(__name__)
 
 ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
-MODELS = (spec.ENSEMBLE, *variants.STEPS)
+# The image service's models: the ensemble, its steps, and the same pipeline in one step.
+MODELS = (spec.ENSEMBLE, *variants.STEPS, spec.FUSED)
 EMBED_MODELS = inputs.EMBED_MODELS
 TEXT_MODELS = inputs.TEXT_MODELS
 EMBED = embedding.ENSEMBLE
@@ -58,6 +59,10 @@ RATE_STABILITY_PERCENT = 30.0
 # batch answers a few texts per second, and a time window of a second then records none; a
 # window of a few batches swings with the passages each happened to hold.
 MIXED_WINDOW_REQUESTS = 64
+# Traced (bench/trace.py): the ensemble at 1 and at saturation, the one-step variant at 1.
+TRACED = [(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)] + [
+    (spec.FUSED, p, 1) for p in ("grpc", "http")
+]
 # Models whose statistics points.csv has columns for (formed batches, time in the server); each
 # server is asked about those it loads (``stats_models``): embed's steps depend on the configs.
 STATS_MODELS = (
@@ -180,8 +185,12 @@ class Plan:
         return cls(
             rounds=2,
             main={
-                (spec.ENSEMBLE, "grpc", "binary"): [1, 16],
-                (spec.ENSEMBLE, "http", "binary"): [16],
+                # Both ways classify is served, at 1, at saturation and at the peer's levels.
+                **{
+                    (model, protocol, "binary"): levels
+                    for model in (spec.ENSEMBLE, spec.FUSED)
+                    for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
+                },
                 (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
                 (spec.CLASSIFIER, "http", "binary"): [16],
                 # 150k floats of JSON per image: perf_analyzer itself is the ceiling here (the
@@ -206,6 +215,7 @@ class Plan:
             rate_targets=[(spec.ENSEMBLE, "grpc")],
             peer_levels={
                 spec.CLASSIFIER: {"binary": [16], "json": [16]},
+                spec.ENSEMBLE: {"binary": [8, 32]},  # the whole pipeline, JPEG to top-k
                 embedding.ENSEMBLE: {"json": [1, 8, 32]},
             },
             null_levels=[16],
@@ -217,7 +227,7 @@ class Plan:
             infinity_levels=[1, 8, 32],
             mixed_levels=[8, 32],
             raw_mixed_batches=[8, 32],
-            traced=[(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)],
+            traced=TRACED,
         )
 
     @classmethod
@@ -267,18 +277,22 @@ class Plan:
         """Only the image service: classify served, traced step by step, and its raw pipeline."""
         return cls(
             rounds=2,
-            main={(spec.ENSEMBLE, p, "binary"): [1, 16] for p in ("grpc", "http")},
+            main={
+                (model, protocol, "binary"): levels
+                for model in (spec.ENSEMBLE, spec.FUSED)
+                for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
+            },
             others={},
             rate_fractions=[],
             rate_targets=[],
-            peer_levels={},
+            peer_levels={spec.ENSEMBLE: {"binary": [8, 32]}},
             null_levels=[],
             null_payloads=(),
             cache_levels=[],
             raw_model_batches=[1, 4],
             raw_pipeline_batches=[1, 4, 8],
             raw_embed_batches=[],
-            traced=[(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)],
+            traced=TRACED,
         )
 
     @classmethod
@@ -306,6 +320,7 @@ class Plan:
             ],
             peer_levels={
                 spec.CLASSIFIER: {"binary": levels, "json": levels},
+                spec.ENSEMBLE: {"binary": levels},
                 embedding.ENSEMBLE: {"binary": levels, "json": levels},
             },
             null_levels=[1, 16, 32],
@@ -318,6 +333,7 @@ class Plan:
             infinity_levels=levels,
             mixed_levels=levels,
             raw_mixed_batches=[1, 8, 16, 32, 64],
+            traced=TRACED,
         )
 
     def triton_cases(self, variant: str) -> Iterator[Case]:
@@ -427,6 +443,9 @@ class Row:
     # The raw pipeline's stages (ms per image) timed just "before" and "after" a traced case at
     # concurrency 1: its reference, measured as close to it as they can be.
     stages: dict[str, dict[str, float]] | None = None
+    # The raw pipeline's images/s per batch size, read just before and just after the case
+    # (RawReference), averaged: what its ratios to the raw pipeline are taken against.
+    reference: dict[int, float] | None = None
 
     def flat(self) -> dict:
         """One CSV line."""
@@ -449,6 +468,7 @@ class Row:
         out["window_start_ns"], out["window_end_ns"] = self.window or ("", "")
         out["cpu_ms_per_item"] = json.dumps(self.cpu) if self.cpu else ""
         out["raw_stage_ms"] = json.dumps(self.stages) if self.stages else ""
+        out["raw_reference"] = json.dumps(self.reference) if self.reference else ""
         out["error"] = self.error
         return out
 
@@ -525,6 +545,53 @@ def measure_stages(cpus: list[int], seconds: float) -> dict[str, float]:
     }
 
 
+# The cases whose ratios to the raw pipeline (and to each other, through it) are targets: each is
+# measured between two readings of the raw pipeline on the same core, seconds apart.
+REFERENCED = (spec.ENSEMBLE, spec.FUSED)
+REFERENCE_BATCHES = (1, 4)  # batch 1 for concurrency 1; 4, the best batch here, for saturation
+
+
+class RawReference:
+    """The raw classify pipeline in a long-lived process on the server's cores, on request.
+
+    This machine's speed drifts by tens of percent within a minute (docs/performance.md), more
+    than the gaps the targets are about: a served case is only comparable with a raw reading
+    taken seconds from it, under the same drift. ``measure`` is that reading (``bench.raw
+    --serve``; the process idles between readings).
+    """
+
+    def __init__(self, cpus: list[int], seconds: float = 1.0):
+        self.seconds = seconds
+        cmd = [
+            "taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "bench.raw",
+            f"--onnx={ONNX}", "--threads=1", "--serve",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+
+    def measure(self) -> dict[int, float]:
+        """Images/s of the raw pipeline at each of REFERENCE_BATCHES, now."""
+        out = {}
+        for batch in REFERENCE_BATCHES:
+            self.process.stdin.write(f"{batch} {self.seconds}\n")
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the raw reference exited ({self.process.poll()})")
+            out[batch] = json.loads(line)["images_per_s"]
+        return out
+
+    def close(self) -> None:
+        """Stop the process."""
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 def process_cpu(pid: int) -> dict[int, tuple[str, float]]:
     """CPU seconds so far of a server and each of its stubs: pid → (name, seconds)."""
     out = {}
@@ -585,6 +652,7 @@ class Runner:
         self.done = 0
         self.restarts = 0  # times the server died and was started again
         self.triton: TritonUnderTest | None = None  # the server being measured, while running
+        self.reference: RawReference | None = None  # the raw pipeline on request, while running
         self.total = plan.size() * plan.rounds
         self.started = time.monotonic()
 
@@ -634,7 +702,12 @@ class Runner:
             run.extra = ["--measurement-mode=count_windows", f"--measurement-request-count={count}"]
         point, error, deltas, tokens, window, cpu = None, "", {}, None, None, None
         counts = _token_counter(case, triton, url)
+        readings = []
+        referenced = self.reference is not None and case.model in REFERENCED
+        referenced = referenced and case.dataset == "samples" and case.system != "null-peer"
         try:
+            if referenced:
+                readings.append(self.reference.measure())
             before = triton.statistics() if triton else None
             tokens_before = counts() if counts else None
             cpu_before = process_cpu(triton.server.process.pid) if triton else {}
@@ -648,12 +721,17 @@ class Runner:
                 cpu = cpu_per_item(cpu_before, cpu_after, done.inferences if done else 0)
             if counts:
                 tokens = tuple(b - a for a, b in zip(tokens_before, counts(), strict=True))
+            if referenced:
+                readings.append(self.reference.measure())
         except Exception as exc:  # noqa: BLE001 - one case must never end the run
             error = f"{type(exc).__name__}: {exc}"
             trouble = triton.trouble() if triton is not None else None
             if trouble:
                 error = f"{trouble}\n{error}"
-        return self._record(Row(round_, case, point, error, deltas, tokens, window, cpu))
+        row = Row(round_, case, point, error, deltas, tokens, window, cpu)
+        if len(readings) == 2:
+            row.reference = {b: sum(r[b] for r in readings) / 2 for b in REFERENCE_BATCHES}
+        return self._record(row)
 
     def _record(self, row: Row) -> Row:
         self.rows.append(row)
@@ -680,63 +758,71 @@ class Runner:
             "openai": inputs.write(EMBED, data_dir, mixed=True, openai=True),
         }
         threads = len(self.server_cpus)
-        all_variants = variants.standard(threads)
-        with TritonUnderTest(server_config(self.server_cpus), self.out_dir) as triton:
+        with contextlib.ExitStack() as stack:
+            triton = stack.enter_context(
+                TritonUnderTest(server_config(self.server_cpus), self.out_dir)
+            )
+            if self.plan.raw and any(m in REFERENCED for m, _, _ in self.plan.main):
+                self.reference = RawReference(self.server_cpus)
+                stack.callback(self.reference.close)
             self.triton = triton
             for r in range(1, self.plan.rounds + 1):
-                # Other work on the machine shows here (every core counts, ours included).
-                load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-                self.notes.append(f"round {r}: load average (1, 5, 15 min) at its start: {load}")
-                if self.plan.raw:
-                    self.progress(
-                        f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)"
-                    )
-                    self.raw.append(measure_raw(self.server_cpus, threads, self.plan))
-                    self.progress(f"  raw: {self.raw[-1]}")
-                else:
-                    self.raw.append({})
-                shift = (r - 1) % len(all_variants)
-                for variant in all_variants[shift:] + all_variants[:shift]:
-                    if variant.name != "batching" and not any(self.plan.triton_cases(variant.name)):
-                        continue  # nothing of it to measure: no reload
-                    # Embed's computed path first (perf_analyzer repeats its inputs, which the
-                    # response cache would answer); the other variants measure classify only.
-                    cache = False if variant.name == "batching" else None
-                    self._configure(triton, variant, cache)
-                    if variant.name == "batching" and triton.running():
-                        self._pin(r, "tritonserver and its stubs", triton.server.process.pid)
-                    for case in self.plan.triton_cases(variant.name):
-                        # Never without a file: perf_analyzer would make up random inputs.
-                        source = (json_data if case.payload == "json" else data)[case.model]
-                        if case.dataset == "mixed":
-                            source = self.mixed_data[case.payload]
-                        self._measure(r, case, source, triton)
-                    if variant.name == "batching":
-                        self._rate_sweep(r, data, triton)
-                        self._traced(r, data, triton)
-                        if not self.plan.cache_levels:
-                            continue
-                        self._configure(triton, variant, cache=True)
-                        for level in self.plan.cache_levels:
-                            # JSON over HTTP: the payload the peer gets, for an equal-p99 row.
-                            case = Case(
-                                "triton",
-                                "batching",
-                                embedding.ENSEMBLE,
-                                "http",
-                                "json",
-                                "concurrency",
-                                level,
-                                dataset="repeated",
-                            )
-                            self._measure(r, case, repeated, triton)
-                peer_data = {
-                    m: {"json": json_data[m], "binary": data[m]} for m in self.plan.peer_levels
-                }
-                self._peers(r, peer_data, threads)
-                if self.plan.infinity_levels or self.plan.mixed_levels:
-                    self._infinity(r, openai_data)
+                self._round(r, triton, data, json_data, repeated, openai_data, threads)
             self.restarts = triton.deaths
+
+    def _round(self, r, triton, data, json_data, repeated, openai_data, threads) -> None:
+        """One round: raw engine, every variant (rotated), rate sweep, traced cases, peers."""
+        all_variants = variants.standard(threads)
+        # Other work on the machine shows here (every core counts, ours included).
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        self.notes.append(f"round {r}: load average (1, 5, 15 min) at its start: {load}")
+        if self.plan.raw:
+            self.progress(f"round {r}: raw engine on cores {self.server_cpus}, {threads} thread(s)")
+            self.raw.append(measure_raw(self.server_cpus, threads, self.plan))
+            self.progress(f"  raw: {self.raw[-1]}")
+        else:
+            self.raw.append({})
+        shift = (r - 1) % len(all_variants)
+        for variant in all_variants[shift:] + all_variants[:shift]:
+            if variant.name != "batching" and not any(self.plan.triton_cases(variant.name)):
+                continue  # nothing of it to measure: no reload
+            # Embed's computed path first (perf_analyzer repeats its inputs, which the
+            # response cache would answer); the other variants measure classify only.
+            cache = False if variant.name == "batching" else None
+            self._configure(triton, variant, cache)
+            if variant.name == "batching" and triton.running():
+                self._pin(r, "tritonserver and its stubs", triton.server.process.pid)
+            for case in self.plan.triton_cases(variant.name):
+                # Never without a file: perf_analyzer would make up random inputs.
+                source = (json_data if case.payload == "json" else data)[case.model]
+                if case.dataset == "mixed":
+                    source = self.mixed_data[case.payload]
+                self._measure(r, case, source, triton)
+            if variant.name == "batching":
+                self._rate_sweep(r, data, triton)
+                self._traced(r, data, triton)
+                if not self.plan.cache_levels:
+                    continue
+                self._configure(triton, variant, cache=True)
+                for level in self.plan.cache_levels:
+                    # JSON over HTTP: the payload the peer gets, for an equal-p99 row.
+                    case = Case(
+                        "triton",
+                        "batching",
+                        embedding.ENSEMBLE,
+                        "http",
+                        "json",
+                        "concurrency",
+                        level,
+                        dataset="repeated",
+                    )
+                    self._measure(r, case, repeated, triton)
+        peer_data = {
+            m: {"json": json_data.get(m), "binary": data[m]} for m in self.plan.peer_levels
+        }
+        self._peers(r, peer_data, threads)
+        if self.plan.infinity_levels or self.plan.mixed_levels:
+            self._infinity(r, openai_data)
 
     def _traced(self, round_: int, data: dict[str, Path], triton: TritonUnderTest) -> None:
         """The plan's traced cases: every request of the model traced while perf_analyzer runs.
@@ -893,7 +979,8 @@ class Runner:
         from bench.peer import PeerServer
 
         for model, by_payload in self.plan.peer_levels.items():
-            onnx_path = ONNX if model == spec.CLASSIFIER else ENCODERS[embedding.ENSEMBLE]
+            # classify runs the classifier's model.onnx behind its own decode and top-k.
+            onnx_path = ENCODERS[EMBED] if model == EMBED else ONNX
             null_levels = {
                 payload: self.plan.null_levels
                 for payload in by_payload
@@ -1062,6 +1149,7 @@ class TritonUnderTest:
         variants.set_response_cache(self.client, EMBED_MODELS, cache, MODEL_REPOSITORY, name, admin)
         if spec.ENSEMBLE not in variant.ensembles:
             self.client.load_model(spec.ENSEMBLE, headers=admin)
+        self.client.load_model(spec.FUSED, headers=admin)
         self.client.load_model(embedding.GRAPH_ENSEMBLE, headers=admin)
 
     def statistics(self) -> dict[str, dict]:

@@ -64,7 +64,7 @@ def entries(model: str, reference=None) -> list[dict]:
             )
         return out
     photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
-    if model in (spec.ENSEMBLE, spec.PREPROCESS):
+    if model in (spec.ENSEMBLE, spec.FUSED, spec.PREPROCESS):
         return image_entries(photos)
     pixels, _ = image.preprocess_batch(photos)
     if model == spec.CLASSIFIER:

@@ -65,6 +65,7 @@ STEP_STAGES = {
     spec.PREPROCESS: STAGES[:3],
     spec.CLASSIFIER: STAGES[3:4],
     spec.POSTPROCESS: STAGES[4:],
+    spec.FUSED: STAGES,
 }
 STAGE_KIND = "stage:"  # raw curves "stage:<name>" hold one stage's images/s at batch 1
 
@@ -97,6 +98,22 @@ def stage_times(reference: ReferenceClassifier, seconds: float) -> dict[str, flo
                 totals[name] += b - a
     measured = done - len(photos)
     return {name: total / measured * 1000 for name, total in totals.items()}
+
+
+def serve(reference: ReferenceClassifier, lines, out) -> None:
+    """Measure the pipeline on request: each ``BATCH SECONDS`` line gets one JSON line back.
+
+    A long-lived reference beside a server: its startup (onnxruntime, the model, a warm-up)
+    is paid once, so each measurement takes only its seconds and can sit right beside the
+    served case it is compared with.
+    """
+    photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
+    for line in lines:
+        batch, seconds = int(line.split()[0]), float(line.split()[1])
+        images = [photos[i % len(photos)] for i in range(batch)]
+        value = throughput(lambda b=images: reference.classify(b), batch, seconds)
+        out.write(json.dumps({"batch": batch, "images_per_s": value}) + "\n")
+        out.flush()
 
 
 def embed_curve(
@@ -322,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only measure sorted sub-batches of mixed texts under each --costs value",
     )
     p.add_argument("--costs", default="0,8,16,32,64,128", help="run costs in token positions")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="only measure the pipeline on request: read 'BATCH SECONDS' lines from stdin",
+    )
     args = p.parse_args(argv)
     sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     if args.run_costs:
@@ -337,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(padding_effect(args.padding_effect, args.threads, args.seconds), sys.stdout)
         return 0
     reference = ReferenceClassifier(args.onnx, intra_op_threads=args.threads)
+    if args.serve:
+        serve(reference, sys.stdin, sys.stdout)
+        return 0
     result = {
         "threads": args.threads,
         "model": model_curve(reference, sizes(args.model_batches), args.seconds),

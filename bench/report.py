@@ -6,6 +6,7 @@ Pure functions over recorded rows, so that a report can be rebuilt (and tested) 
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from pipelines import classification as spec
 from pipelines import embedding
 
 ENS, CLS, PRE, POST = spec.ENSEMBLE, spec.CLASSIFIER, spec.PREPROCESS, spec.POSTPROCESS
+FUSED = spec.FUSED
 EMB, EMB8, GRAPH = embedding.ENSEMBLE, "embed_int8", embedding.GRAPH_ENSEMBLE
 STEPS = 3
 
@@ -33,6 +35,7 @@ TEXT_FIELDS = {
     "classifier_batch_histogram",
     "cpu_ms_per_item",
     "raw_stage_ms",
+    "raw_reference",
 }
 CASE_FIELDS = (
     "system",
@@ -81,21 +84,34 @@ def one(rows: Iterable[dict], **match) -> dict | None:
     return found[0] if found else None
 
 
+class NotComputable(str):
+    """Why a metric has no value in a round; the report prints ``n/a: <why>``, never a number."""
+
+
 def best_under_p99(points: Iterable[dict], p99_ms: float) -> float:
     """Highest throughput among points whose p99 is within the budget (0 if none)."""
     return max((p["throughput"] for p in points if p["p99_ms"] <= p99_ms), default=0.0)
 
 
-def equal_p99_ratio(ours: list[dict], theirs: list[dict]) -> float | None:
+def equal_p99_ratio(ours: list[dict], theirs: list[dict]) -> float | NotComputable | None:
     """Our throughput ÷ theirs at the same p99 budget: the p99 of their best point.
 
-    For each system the best throughput whose p99 does not exceed that budget.
+    For each system the best throughput whose p99 does not exceed that budget. None where
+    either side was not measured; ``NotComputable`` where none of our points kept within the
+    budget (0 would claim we answer nothing at that latency, which no point measured says).
     """
     if not ours or not theirs:
         return None
     budget = max(theirs, key=lambda p: p["throughput"])["p99_ms"]
     theirs_best = best_under_p99(theirs, budget)
-    return best_under_p99(ours, budget) / theirs_best if theirs_best else None
+    ours_best = best_under_p99(ours, budget)
+    if not ours_best:
+        lowest = min(p["p99_ms"] for p in ours)
+        return NotComputable(
+            f"no point of ours within the peer's p99 of {budget:.1f} ms (our lowest p99 at the "
+            f"levels measured: {lowest:.1f} ms)"
+        )
+    return ours_best / theirs_best if theirs_best else None
 
 
 @dataclass(frozen=True)
@@ -153,9 +169,66 @@ def _saturated(rows, **match) -> float | None:
 
 def _hop_end_to_end(rows, raw) -> float | None:
     row = one(rows, **_triton(ENS, level=1))
-    if not row or 1 not in raw["pipeline"]:
+    pipeline = row and reference(row, raw, 1)
+    if not pipeline:
         return None
-    return (row["p50_ms"] - 1000.0 / raw["pipeline"][1]) / STEPS
+    return (row["p50_ms"] - 1000.0 / pipeline) / STEPS
+
+
+def reference(row: dict, raw: dict, batch: int | None = None) -> float | None:
+    """The raw pipeline's images/s a row is compared with: at ``batch``, or at its best.
+
+    Read beside the row itself where the harness did (``raw_reference``: just before and just
+    after the case, on the same core), else the round's raw curve from minutes earlier.
+    """
+    beside = row.get("raw_reference")
+    if beside:
+        values = {int(k): v for k, v in json.loads(beside).items()}
+    else:
+        values = raw.get("pipeline", {})
+    if not values:
+        return None
+    return values.get(batch) if batch is not None else max(values.values())
+
+
+def _vs_raw_pipeline(
+    model: str, protocol: str, level: int | None
+) -> Callable[[list[dict], dict], float | None]:
+    """Served images/s ÷ the raw pipeline's: at ``level`` vs batch 1, or at best vs best."""
+
+    def compute(rows, raw) -> float | None:
+        if level is not None:
+            row = one(rows, **_triton(model, protocol, level=level))
+            return row and _ratio(row["throughput"], reference(row, raw, 1))
+        ratios = [
+            _ratio(row["throughput"], reference(row, raw))
+            for row in find(rows, **_triton(model, protocol))
+        ]
+        return max((r for r in ratios if r is not None), default=None)
+
+    return compute
+
+
+def _vs_pipeline_peer(model: str, level: int, field: str) -> Callable[[list[dict], dict], float]:
+    """``model`` ÷ the FastAPI pipeline peer (JPEG → top-5), one field at one level, HTTP binary.
+
+    Each side in units of the raw pipeline read beside it: images/s ÷ the raw images/s, p99 ×
+    the raw images/s. The two run minutes apart, and the machine's speed with them.
+    """
+
+    def compute(rows, raw):
+        ours = one(rows, **_triton(model, "http", level=level))
+        theirs = one(rows, system="peer", model=ENS, payload="binary", level=float(level))
+        if not ours or not theirs:
+            return None
+        scales = [reference(row, raw) for row in (ours, theirs)]
+        if None in scales:
+            return _ratio(ours[field], theirs[field])
+        if field == "throughput":
+            return _ratio(ours[field] / scales[0], theirs[field] / scales[1])
+        return _ratio(ours[field] * scales[0], theirs[field] * scales[1])
+
+    return compute
 
 
 def _ensemble_vs_stages(combine: Callable[[list[float]], float]):
@@ -324,21 +397,22 @@ METRICS = [
         lambda rows, raw: _ratio(_thr(rows, **_triton(CLS, level=16)), max(raw["model"].values())),
         target=0.9,
     ),
-    Metric(
-        "classify served ÷ raw pipeline, saturation (gRPC)",
-        lambda rows, raw: _ratio(_saturated(rows, **_triton(ENS)), max(raw["pipeline"].values())),
-        target=0.95,
-    ),
-    Metric(
-        "classify served ÷ raw pipeline, concurrency 1 (gRPC)",
-        lambda rows, raw: _ratio(_thr(rows, **_triton(ENS, level=1)), raw["pipeline"][1]),
-        target=0.85,
-    ),
-    Metric(
-        "classify served ÷ raw pipeline, saturation (HTTP)",
-        lambda rows, raw: _ratio(
-            _saturated(rows, **_triton(ENS, protocol="http")), max(raw["pipeline"].values())
-        ),
+    *(
+        metric
+        for model in (ENS, FUSED)
+        for protocol in ("grpc", "http")
+        for metric in (
+            Metric(
+                f"{model} served ÷ raw pipeline, saturation ({protocol})",
+                _vs_raw_pipeline(model, protocol, None),
+                target=0.95,
+            ),
+            Metric(
+                f"{model} served ÷ raw pipeline, concurrency 1 ({protocol})",
+                _vs_raw_pipeline(model, protocol, 1),
+                target=0.85,
+            ),
+        )
     ),
     Metric(
         "classifier alone ÷ raw model, concurrency 1 (gRPC)",
@@ -356,6 +430,18 @@ METRICS = [
         target=0.5,
         higher_is_better=False,
         unit=" ms",
+    ),
+    *(
+        Metric(
+            f"{model} ÷ FastAPI pipeline peer, {what} at concurrency {level} (HTTP binary)",
+            _vs_pipeline_peer(model, level, field),
+            target=target,
+            higher_is_better=field == "throughput",
+            note="the same JPEG bytes → top-5 behind FastAPI and a micro-batcher",
+        )
+        for model in (ENS, FUSED)
+        for level in (8, 32)
+        for what, field, target in (("images/s", "throughput", 1.0), ("p99", "p99_ms", 1.1))
     ),
     Metric(
         "Triton ÷ peer (FastAPI micro-batcher), same JSON payload, equal p99",
@@ -573,16 +659,18 @@ def metric_table(
     # Runs without the raw engine (``--only embed-peers``) have rounds with rows and no curves.
     rounds = {n: raw.get(n, {}) for n in sorted(set(raw) | {r["round"] for r in rows})}
     for metric in METRICS if metrics is None else metrics:
-        values = []
+        values, why = [], []
         for round_, curves in rounds.items():
             try:
                 value = metric.compute([r for r in rows if r["round"] == round_], curves)
             except KeyError:  # a raw curve this run did not measure
                 value = None
-            if value is not None:
+            if isinstance(value, NotComputable):
+                why.append(f"round {round_}: {value}")
+            elif value is not None:
                 values.append(value)
         if not values:
-            table.append({"metric": metric, "values": []})
+            table.append({"metric": metric, "values": [], "why": "; ".join(why)})
             continue
         median, low, high = summarize(values)
         if metric.needs_headroom:
@@ -805,7 +893,8 @@ def _metric_lines(table: list[dict]) -> list[str]:
     for item in table:
         metric = item["metric"]
         if not item["values"]:
-            lines.append(f"| {metric.name} | not measured | | |")
+            shown = f"n/a: {item['why']}" if item.get("why") else "not measured"
+            lines.append(f"| {metric.name} | {shown} | | |")
             continue
         measured = (
             f"{_fmt(item['median'], metric.unit)} "

@@ -176,12 +176,26 @@ def critical_path(trace: Trace) -> list[tuple[str, str, int]] | None:
     ]
 
 
+def release_tail(trace: Trace) -> int | None:
+    """How long after the end of the response's send its steps were still being released (ns).
+
+    A step's request is released after the next step has started (its output phase ends off
+    the path): that work still takes the core, after the client already has its answer.
+    """
+    end = trace.first(SEND_END)
+    released = [s.moments.get("REQUEST_END") for s in trace.steps or [trace]]
+    if end is None or None in released:
+        return None
+    return max(0, max(released) - end)
+
+
 @dataclass(frozen=True)
 class Breakdown:
     """Mean time per segment over many requests of one measurement, in milliseconds."""
 
     requests: int
     segments: list[tuple[str, str, float]]  # (segment, kind, mean ms), in path order
+    release_ms: float = 0.0  # mean release_tail: steps still being released after the send
 
     @property
     def total_ms(self) -> float:
@@ -201,12 +215,16 @@ class Breakdown:
 
     def to_json(self) -> dict:
         """A JSON-friendly form (kept beside a run's results)."""
-        return {"requests": self.requests, "segments": [list(s) for s in self.segments]}
+        return {
+            "requests": self.requests,
+            "segments": [list(s) for s in self.segments],
+            "release_ms": self.release_ms,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Breakdown:
         """The inverse of ``to_json``."""
-        return cls(data["requests"], [tuple(s) for s in data["segments"]])
+        return cls(data["requests"], [tuple(s) for s in data["segments"]], data["release_ms"])
 
 
 def breakdown(traces: Sequence[Trace], skip: float = 0.1) -> Breakdown | None:
@@ -215,15 +233,17 @@ def breakdown(traces: Sequence[Trace], skip: float = 0.1) -> Breakdown | None:
     Requests whose paths differ in shape (another step order) are left out with the others'
     shape the one most requests had.
     """
-    paths = [p for p in map(critical_path, traces[int(len(traces) * skip) :]) if p]
-    if not paths:
+    kept = [t for t in traces[int(len(traces) * skip) :] if critical_path(t)]
+    if not kept:
         return None
     shapes: dict[tuple, list] = defaultdict(list)
-    for path in paths:
-        shapes[tuple((name, kind) for name, kind, _ in path)].append(path)
+    for t in kept:
+        path = critical_path(t)
+        shapes[tuple((name, kind) for name, kind, _ in path)].append((path, release_tail(t)))
     shape, members = max(shapes.items(), key=lambda item: len(item[1]))
     segments = [
-        (name, kind, statistics.fmean(p[i][2] for p in members) / 1e6)
+        (name, kind, statistics.fmean(p[i][2] for p, _ in members) / 1e6)
         for i, (name, kind) in enumerate(shape)
     ]
-    return Breakdown(len(members), segments)
+    tails = [tail for _, tail in members if tail is not None]
+    return Breakdown(len(members), segments, statistics.fmean(tails) / 1e6 if tails else 0.0)

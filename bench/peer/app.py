@@ -60,7 +60,7 @@ class _Peer:
                 f"max batch {max_batch}, max wait {max_wait_ms} ms)"
             )
         # Null mode answers slices of one preallocated array.
-        self.zeros = np.zeros((max_batch, *model.output_dims), np.float32)
+        self.zeros = model.null_result(max_batch)
 
     async def infer(self, request: DecodedRequest) -> tuple[np.ndarray, Timing]:
         if self.batcher is None:

@@ -15,7 +15,7 @@ import orjson
 
 from pipelines import classification as spec
 from pipelines import embedding as embed_spec
-from pipelines import onnx_runner
+from pipelines import image, onnx_runner
 from server.launcher import MODEL_REPOSITORY
 
 MODEL_NAME = spec.CLASSIFIER  # the model served by default
@@ -32,6 +32,8 @@ JSON_TYPE = "application/json"
 SERVER_NAME = "peer-fastapi"
 # The KServe v2 extensions implemented here (of the many Triton lists).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+# KServe v2 datatypes of the outputs → their model-configuration names.
+TYPE_NAMES = {"FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "BYTES": "TYPE_STRING"}
 
 
 class InferenceRequestError(ValueError):
@@ -85,7 +87,7 @@ class ServedModel(abc.ABC):
     datatype: str  # its KServe v2 datatype
     config_type: str  # its data_type in the model configuration
     input_dims: tuple[int, ...]  # without the batch dimension, as in config.pbtxt
-    output: str  # the one output tensor, always FP32
+    output: str  # the one output tensor, FP32 (ClassifyModel has three: ``output_specs``)
     output_dims: tuple[int, ...]
     max_batch: int  # the default max_batch_size
     default_path: Path  # the ONNX file served when none is given
@@ -144,6 +146,18 @@ class ServedModel(abc.ABC):
         run_batch(self.warmup_input())
         return run_batch
 
+    def output_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, KServe v2 datatype, dims without the batch) of each output."""
+        return [(self.output, "FP32", self.output_dims)]
+
+    def output_tensors(self, result: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
+        """(name, datatype, array) of each output, from a request's rows of the batch result."""
+        return [(self.output, "FP32", result)]
+
+    def null_result(self, rows: int) -> np.ndarray:
+        """What the null model answers for ``rows`` rows: zeros shaped as the result."""
+        return np.zeros((rows, *self.output_dims), np.float32)
+
     def metadata(self) -> dict:
         """The model metadata, shaped like Triton's JSON answer."""
         return {
@@ -154,7 +168,8 @@ class ServedModel(abc.ABC):
                 {"name": self.input, "datatype": self.datatype, "shape": [-1, *self.input_dims]}
             ],
             "outputs": [
-                {"name": self.output, "datatype": "FP32", "shape": [-1, *self.output_dims]}
+                {"name": name, "datatype": datatype, "shape": [-1, *dims]}
+                for name, datatype, dims in self.output_specs()
             ],
         }
 
@@ -180,7 +195,10 @@ class ServedModel(abc.ABC):
             "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": max_batch,
             "input": [tensor(self.input, self.config_type, self.input_dims)],
-            "output": [tensor(self.output, "TYPE_FP32", self.output_dims)],
+            "output": [
+                tensor(name, TYPE_NAMES[datatype], dims)
+                for name, datatype, dims in self.output_specs()
+            ],
             "dynamic_batching": {"max_queue_delay_microseconds": round(max_wait_s * 1e6)},
             "instance_group": [{"name": self.name, "kind": "KIND_CPU", "count": 1}],
             "model_transaction_policy": {"decoupled": False},
@@ -366,7 +384,82 @@ class EmbedModel(ServedModel):
         return ["Warming up the peer."]
 
 
-MODELS: dict[str, ServedModel] = {m.name: m for m in (ClassifierModel(), EmbedModel())}
+class ClassifyModel(ServedModel):
+    """The whole classify pipeline: IMAGE BYTES [-1, 1] → top-5 LABELS, SCORES, CLASS_IDS.
+
+    As a user would put it behind FastAPI: Pillow decodes, crops and resizes (the functions of
+    ``pipelines.image``), onnxruntime runs the classifier's model.onnx on the batch, numpy takes
+    the top five; all of it in the batcher's one thread, on whatever queued. An image that does
+    not decode fails its batch, which the batcher then runs request by request: only that
+    request fails (HTTP 500), as in any batch function that raises.
+    """
+
+    name = spec.ENSEMBLE
+    input = spec.IMAGE
+    datatype = "BYTES"
+    config_type = "TYPE_STRING"
+    input_dims = (1,)
+    output = spec.CLASS_IDS
+    output_dims = (spec.DEFAULT_TOP_K,)
+    max_batch = 32
+    default_path = DEFAULT_MODEL
+    platform = "python"
+    backend = "python"
+    # A request's rows of a batch's result: one record per image.
+    RESULT = np.dtype([("ids", np.int32, (spec.DEFAULT_TOP_K,)),
+                       ("scores", np.float32, (spec.DEFAULT_TOP_K,))])  # fmt: skip
+
+    def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> list[bytes] | None:
+        """Encoded images as JSON strings are not taken: images travel as binary tensors."""
+        raise InferenceRequestError(f"{self.input} must be sent as binary tensor data")
+
+    def binary_data(self, chunk: memoryview, shape: tuple[int, ...], convert: bool) -> list[bytes]:
+        """The encoded images, one per serialized BYTES element."""
+        return [bytes(item) for item in _bytes_elements(self.input, chunk, math.prod(shape))]
+
+    def runner(self, session: Any) -> Callable[[list[bytes]], np.ndarray]:
+        """Images → one record (top-5 ids and probabilities) per image."""
+
+        def run_batch(images: list[bytes]) -> np.ndarray:
+            pixels, errors = image.preprocess_batch(images)
+            failed = [str(e) for e in errors if e is not None]
+            if failed:
+                raise InferenceRequestError(f"{self.input}: {failed[0]}")
+            logits = onnx_runner.run(session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
+            out = np.empty(len(images), self.RESULT)
+            out["ids"], out["scores"] = spec.top_k(logits, spec.DEFAULT_TOP_K)
+            return out
+
+        return run_batch
+
+    def warmup_input(self) -> list[bytes]:
+        """One sample photo (this also loads Pillow's JPEG decoder)."""
+        from export import samples
+
+        return [samples.photo_bytes(samples.PHOTOS[0])]
+
+    def output_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """LABELS, SCORES and CLASS_IDS, as the classify ensemble answers them."""
+        k = (spec.DEFAULT_TOP_K,)
+        return [(spec.LABELS, "BYTES", k), (spec.SCORES, "FP32", k), (spec.CLASS_IDS, "INT32", k)]
+
+    def output_tensors(self, result: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
+        """The three outputs of a request's records; labels looked up from the ids."""
+        ids = np.ascontiguousarray(result["ids"])
+        return [
+            (spec.LABELS, "BYTES", spec.label_names(ids)),
+            (spec.SCORES, "FP32", np.ascontiguousarray(result["scores"])),
+            (spec.CLASS_IDS, "INT32", ids),
+        ]
+
+    def null_result(self, rows: int) -> np.ndarray:
+        """Records of zeros."""
+        return np.zeros(rows, self.RESULT)
+
+
+MODELS: dict[str, ServedModel] = {
+    m.name: m for m in (ClassifierModel(), EmbedModel(), ClassifyModel())
+}
 
 
 def served_model(name: str) -> ServedModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +114,10 @@ def decode_request(
     binary_output = bool(request_params.get("binary_data_output", False))
     for output in _field(request, "outputs", list, "the request", default=[]):
         output_name = _field(output, "name", str, "an output")
-        if output_name != model.output:
+        names = [name for name, _, _ in model.output_specs()]
+        if output_name not in names:
             raise InferenceRequestError(
-                f"unknown output '{output_name}'; the model has {model.output}"
+                f"unknown output '{output_name}'; the model has {', '.join(names)}"
             )
         out_params = _field(output, "parameters", dict, f"output {output_name}", default={})
         binary_output = bool(out_params.get("binary_data", binary_output))
@@ -124,32 +126,50 @@ def decode_request(
     return DecodedRequest(shape[0], data, binary_output, request_id)
 
 
+# Binary tensor data: little-endian numbers; BYTES as Triton serializes them.
+_WIRE = {"FP32": "<f4", "INT32": "<i4"}
+
+
+def _raw(datatype: str, array: np.ndarray) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(struct.pack("<I", len(x)) + x for x in array.reshape(-1))
+    return array.astype(_WIRE[datatype], copy=False).tobytes()
+
+
 def encode_response(
     outputs: np.ndarray, request: DecodedRequest, model: ServedModel = MODELS[MODEL_NAME]
 ) -> Response:
-    """The KServe v2 answer with the model's output, as JSON numbers or as a binary tensor.
+    """The KServe v2 answer with the model's outputs, as JSON or as binary tensors.
 
     Args:
-        outputs: float32 [batch, ...] (LOGITS or EMBEDDING), C-contiguous.
+        outputs: the request's rows of the batch result: float32 [batch, ...] (LOGITS or
+            EMBEDDING), C-contiguous, or what the model's ``output_tensors`` reads.
         request: the decoded request (its id and the output encoding it asked for).
         model: the served model (default: the classifier).
 
     Returns:
         The HTTP response.
     """
-    output: dict = {"name": model.output, "datatype": "FP32", "shape": list(outputs.shape)}
-    reply: dict = {"model_name": model.name, "model_version": MODEL_VERSION, "outputs": [output]}
+    tensors = model.output_tensors(outputs)
+    described = [
+        {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        for name, datatype, array in tensors
+    ]
+    reply: dict = {"model_name": model.name, "model_version": MODEL_VERSION, "outputs": described}
     if request.request_id is not None:
         reply["id"] = request.request_id
     if request.binary_output:
-        raw = outputs.astype("<f4", copy=False).tobytes()
-        output["parameters"] = {"binary_data_size": len(raw)}
+        chunks = [_raw(datatype, array) for _, datatype, array in tensors]
+        for output, raw in zip(described, chunks, strict=True):
+            output["parameters"] = {"binary_data_size": len(raw)}
         header = orjson.dumps(reply)
         return Response(
-            header + raw,
+            header + b"".join(chunks),
             media_type="application/octet-stream",
             headers={HEADER_LENGTH: str(len(header))},
         )
-    # orjson writes a contiguous float32 array natively: no tolist(), no Python floats.
-    output["data"] = np.ascontiguousarray(outputs).reshape(-1)
+    for output, (_, datatype, array) in zip(described, tensors, strict=True):
+        # orjson writes contiguous numeric arrays natively: no tolist(), no Python floats.
+        flat = np.ascontiguousarray(array).reshape(-1)
+        output["data"] = [x.decode() for x in flat] if datatype == "BYTES" else flat
     return Response(orjson.dumps(reply, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON_TYPE)

@@ -630,3 +630,77 @@ def test_embed_batcher_counts_real_and_padded_tokens(embed_app):
         real, padded = real + sum(lengths), padded + len(lengths) * max(lengths)
         assert seen == {"tokens": real, "padded_tokens": padded}
     assert padded > real  # the long text padded the short one to 256 word pieces
+
+
+# The whole classify pipeline -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def classify_app(classifier_onnx):
+    return create_app(
+        classifier_onnx, intra_op_threads=1, max_batch=8, max_wait_ms=50, model_name=spec.ENSEMBLE
+    )
+
+
+def image_request(images: list[bytes], binary_output=True):
+    raw = b"".join(struct.pack("<I", len(x)) + x for x in images)
+    tensor = {"name": spec.IMAGE, "shape": [len(images), 1], "datatype": "BYTES"}
+    tensor["parameters"] = {"binary_data_size": len(raw)}
+    header = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": binary_output}})
+    return header + raw, {"Inference-Header-Content-Length": len(header)}
+
+
+def top_k_of(content, headers) -> dict[str, list]:
+    """The three outputs of a binary or JSON classify answer."""
+    split = int(headers.get("inference-header-content-length", len(content)))
+    reply = orjson.loads(content[:split])
+    out, offset = {}, split
+    for output in reply["outputs"]:
+        if "data" in output:
+            out[output["name"]] = output["data"]
+            continue
+        size = output["parameters"]["binary_data_size"]
+        raw = content[offset : offset + size]
+        offset += size
+        if output["datatype"] == "BYTES":
+            items, at = [], 0
+            while at < len(raw):
+                (n,) = struct.unpack_from("<I", raw, at)
+                items.append(raw[at + 4 : at + 4 + n].decode())
+                at += 4 + n
+            out[output["name"]] = items
+        else:
+            dtype = {"FP32": "<f4", "INT32": "<i4"}[output["datatype"]]
+            out[output["name"]] = np.frombuffer(raw, dtype).tolist()
+    return out
+
+
+def test_the_pipeline_peer_batches_jpegs_and_answers_as_the_reference(classify_app, reference):
+    from export import samples
+
+    photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
+    requests = [[photos[i % 6]] for i in range(8)] + [photos[:2]]
+
+    async def scenario(app):
+        replies = await asyncio.gather(
+            *(call(app, "POST", "/v2/models/classify/infer", *image_request(r)) for r in requests),
+            call(app, "POST", "/v2/models/classify/infer", *image_request([photos[0]], False)),
+            call(app, "POST", "/v2/models/classify/infer", *image_request([b"not an image"])),
+        )
+        _, _, stats = await call(app, "GET", "/v2/models/classify/stats")
+        _, _, meta = await call(app, "GET", "/v2/models/classify")
+        return replies, orjson.loads(stats)["model_stats"][0], orjson.loads(meta)
+
+    replies, stats, meta = run_with_app(classify_app, scenario)
+    *good, as_json, bad = replies
+    for images, (status, headers, content) in zip([*requests, [photos[0]]], [*good, as_json],
+                                                  strict=True):  # fmt: skip
+        assert status == 200, content
+        got = top_k_of(content, headers)
+        labels, scores, ids = reference.classify(images)
+        assert got[spec.CLASS_IDS] == ids.reshape(-1).tolist()
+        assert got[spec.LABELS] == [x.decode() for x in labels.reshape(-1)]
+        np.testing.assert_allclose(got[spec.SCORES], scores.reshape(-1), atol=1e-5)
+    # Concurrent requests shared model runs; the bad image failed its own request only.
+    assert max(b["batch_size"] for b in stats["batch_stats"]) > 2
+    assert bad[0] == 500 and "not an image" in orjson.loads(bad[2])["error"]
+    names = [(o["name"], o["datatype"]) for o in meta["outputs"]]
+    assert names == [(spec.LABELS, "BYTES"), (spec.SCORES, "FP32"), (spec.CLASS_IDS, "INT32")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -115,11 +116,12 @@ def test_cores_are_split_between_server_and_load_generator():
 
 def test_short_plan_covers_every_metric_and_stays_small():
     plan = harness.Plan.short()
-    # 16 of them per round: infinity-emb, its twins and the mixed-length rows; 4 traced.
-    assert plan.size() * plan.rounds <= 110
-    assert plan.traced and all(model == spec.ENSEMBLE for model, _, _ in plan.traced)
+    # 16 of them per round: infinity-emb, its twins and the mixed-length rows; 6 traced; 12
+    # for classify_fused beside the ensemble and the pipeline peer.
+    assert plan.size() * plan.rounds <= 140
+    assert {model for model, _, _ in plan.traced} == {spec.ENSEMBLE, spec.FUSED}
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {spec.ENSEMBLE, *variants.STEPS, *harness.TEXT_MODELS}
+    assert {c.model for c in cases} == {*harness.MODELS, *harness.TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
     assert harness.Plan.full().size() > plan.size()
 
@@ -134,6 +136,19 @@ def test_equal_p99_ratio_compares_at_the_peers_budget():
     # Budget = p99 of the peer's best point (60 ms): we reach 300 within it, the peer 150.
     assert report.equal_p99_ratio(ours, peer) == pytest.approx(2.0)
     assert report.equal_p99_ratio([], peer) is None
+
+
+def test_a_ratio_without_a_point_in_the_budget_is_not_a_number_but_says_why(tmp_path):
+    peer = [point(150, 60)]
+    assert report.equal_p99_ratio([point(300, 50)], peer) == pytest.approx(2.0)
+    undefined = report.equal_p99_ratio([point(300, 90), point(100, 61)], peer)
+    assert isinstance(undefined, report.NotComputable)
+    assert "within the peer's p99 of 60.0 ms" in undefined and "61.0 ms" in undefined
+    metric = report.Metric("ours ÷ peer", lambda rows, raw: undefined, target=2.0)
+    (item,) = report.metric_table([{"round": 1}], {1: {}}, [metric])
+    assert item["values"] == [] and "round 1: no point of ours" in item["why"]
+    (line,) = report._metric_lines([item])
+    assert line.startswith("| ours ÷ peer | n/a: round 1: no point of ours")
 
 
 def recorded_rows(tmp_path: Path) -> tuple[list[dict], dict]:
@@ -212,9 +227,9 @@ def test_metrics_from_recorded_rounds(tmp_path):
     assert value("served batching gain")["median"] == pytest.approx(190 / 150)
     captured = value("dynamic batching captures")
     assert captured["median"] == pytest.approx(190 / 210) and captured["met"] is True
-    saturation = value("classify served ÷ raw pipeline, saturation (gRPC)")
+    saturation = value("classify served ÷ raw pipeline, saturation (grpc)")
     assert saturation["median"] == pytest.approx(133 / 140) and saturation["met"] is True
-    c1 = value("classify served ÷ raw pipeline, concurrency 1")
+    c1 = value("classify served ÷ raw pipeline, concurrency 1 (grpc)")
     assert c1["median"] == pytest.approx(90 / 140) and c1["met"] is False
     assert value("ensemble ÷ its slowest stage")["median"] == pytest.approx(133 / 190)
     hop = value("serving overhead per step, end to end")
@@ -231,7 +246,7 @@ def test_report_and_plots_are_written(tmp_path):
     md = report.write_markdown(tmp_path / "report.md", rows, raw, ["method line"], plots)
     text = md.read_text()
     assert text.startswith("# Performance report\n\n## Method\n\n- method line")
-    row = "| classify served ÷ raw pipeline, concurrency 1 (gRPC) | 0.64x [0.64x – 0.64x] |"
+    row = "| classify served ÷ raw pipeline, concurrency 1 (grpc) | 0.64x [0.64x – 0.64x] |"
     assert f"{row} ≥ 0.85x | **no** |" in text
     assert "![latency_vs_throughput](latency_vs_throughput.png)" in text
 
@@ -246,14 +261,21 @@ def test_full_plan_is_well_formed():
     assert set(plan.rate_targets) == {
         (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
     }
-    peers = 2 * 2 * 6  # classifier and embed, JSON and binary, six levels
-    nulls = 2 * 2 * 3
+    peers = 2 * 2 * 6 + 6  # classifier and embed, JSON and binary, and classify: six levels
+    nulls = 2 * 2 * 3 + 3  # and the load generator's ceiling for classify's binary images
     # infinity-emb and the FastAPI peer with async calls at its levels, its null twin.
     infinity = 2 * len(plan.infinity_levels) + len(harness.OPENAI_NULL_LEVELS)
     # The FastAPI peer and infinity-emb over the mixed texts (embed's are among the cases).
     mixed = 2 * len(plan.mixed_levels)
     assert plan.size() == (
-        len(cases) + 5 * 4 + peers + nulls + len(plan.cache_levels) + infinity + mixed
+        len(cases)
+        + 5 * 4
+        + peers
+        + nulls
+        + len(plan.cache_levels)
+        + infinity
+        + mixed
+        + len(plan.traced)
     )
 
 
@@ -423,3 +445,35 @@ def test_the_tuner_measures_embed_where_it_runs_the_tuned_encoder():
     assert tune.serves_tuned_steps("embed", MODEL_REPOSITORY, "local-tuned")
     assert tune.serves_tuned_steps(spec.ENSEMBLE, MODEL_REPOSITORY, "local")
     assert tune.serves_tuned_steps(spec.CLASSIFIER, MODEL_REPOSITORY, "local")
+
+
+def test_ratios_are_taken_against_the_raw_pipeline_read_beside_each_case():
+    def row(system, model, level, thr, p99, ref):
+        return {
+            "round": 1, "system": system, "variant": "batching" if system == "triton" else "-",
+            "model": model, "protocol": "http", "payload": "binary", "mode": "concurrency",
+            "level": float(level), "calls": "sync", "dataset": "samples", "throughput": thr,
+            "p50_ms": p99 / 2, "p99_ms": p99,
+            "raw_reference": json.dumps({"1": ref[0], "4": ref[1]}) if ref else "",
+        }  # fmt: skip
+
+    # The machine was 20 % slower while the peer ran: its raw reading says so.
+    rows = [
+        row("triton", spec.ENSEMBLE, 1, 90.0, 12.0, (100.0, 110.0)),
+        row("triton", spec.ENSEMBLE, 8, 100.0, 90.0, (100.0, 110.0)),
+        row("peer", spec.ENSEMBLE, 8, 88.0, 100.0, (80.0, 88.0)),
+    ]
+    raw = {"pipeline": {1: 150.0, 4: 160.0}}  # the round's curve, minutes earlier: not used
+    metrics = {m.name: m for m in report.METRICS}
+    table = {name: metrics[name].compute(rows, raw) for name in metrics if "classify " in name}
+    assert table["classify served ÷ raw pipeline, concurrency 1 (http)"] == pytest.approx(0.9)
+    assert table["classify served ÷ raw pipeline, saturation (http)"] == pytest.approx(100 / 110)
+    name = "classify ÷ FastAPI pipeline peer, {} at concurrency 8 (HTTP binary)"
+    assert table[name.format("images/s")] == pytest.approx((100 / 110) / (88 / 88))
+    assert table[name.format("p99")] == pytest.approx((90 * 110) / (100 * 88))
+    # Without readings beside the cases, the round's curve is the reference.
+    for r in rows:
+        r["raw_reference"] = ""
+    table = {name: metrics[name].compute(rows, raw) for name in table}
+    assert table["classify served ÷ raw pipeline, concurrency 1 (http)"] == pytest.approx(0.6)
+    assert table[name.format("images/s")] == pytest.approx(100 / 88)
