@@ -97,30 +97,35 @@ class Trace:
 def read(paths: Iterable[Path]) -> tuple[list[Trace], list[str]]:
     """Top-level traces (steps attached, in the order they ran) from trace files.
 
+    Each server numbers its traces from 1: the files of one server (``<file>.<n>``, named by the
+    ``--trace-config`` file it was given) are read together, apart from every other server's.
+
     Returns:
         (traces, problems): a file that does not parse (a server killed while writing it) is
         left out and named in ``problems``.
     """
-    by_id: dict[int, Trace] = {}
+    by_id: dict[tuple[str, int], Trace] = {}
     problems = []
-    for path in sorted(paths):
+    for path in sorted(map(Path, paths)):
+        server = path.name.rsplit(".", 1)[0] if path.suffix[1:].isdigit() else path.name
         try:
-            entries = json.loads(Path(path).read_text() or "[]")
+            entries = json.loads(path.read_text() or "[]")
         except (OSError, ValueError) as exc:
             problems.append(f"{path}: {exc}")
             continue
         for entry in entries:
-            trace = by_id.get(entry["id"])
+            key = (server, entry["id"])
+            trace = by_id.get(key)
             if trace is None:
-                trace = by_id[entry["id"]] = Trace(entry["id"], "", None)
+                trace = by_id[key] = Trace(entry["id"], "", None)
             if "model_name" in entry:
                 trace.model = entry["model_name"]
                 trace.parent = entry.get("parent_id") or None
             for moment in entry.get("timestamps", []):
                 trace.moments[moment["name"]] = int(moment["ns"])
     top = []
-    for trace in by_id.values():
-        parent = by_id.get(trace.parent) if trace.parent else None
+    for (server, _), trace in by_id.items():
+        parent = by_id.get((server, trace.parent)) if trace.parent else None
         if parent is not None:
             parent.steps.append(trace)
         elif trace.parent is None:

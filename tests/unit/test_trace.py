@@ -128,3 +128,15 @@ def test_the_gap_at_concurrency_one_is_split_into_causes_that_add_up(tmp_path):
     assert "moved by 1.00 ms between its two timings" in text  # the drift is said
     plot = attribution.plot(tmp_path, rows, found)
     assert plot is not None and plot.stat().st_size > 10_000
+
+
+def test_each_servers_traces_are_read_apart_though_their_ids_repeat(tmp_path):
+    # Every server numbers its traces from 1: a run's second server writes ids the first used.
+    first, second = entries(1, 1000.0), entries(1, 5000.0, "http")
+    write(tmp_path / "trace-1.json.0", first)
+    write(tmp_path / "trace-6.json.0", second)
+    traces, problems = trace.read(tmp_path.glob("trace-*"))
+    assert problems == [] and len(traces) == 2
+    for traced, (_, start, end) in zip(traces, (first, second), strict=True):
+        assert len(traced.steps) == 3
+        assert sum(ns for _, _, ns in trace.critical_path(traced)) == end - start
