@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     rows, raw = report.load(out / "points.csv", out / "raw.csv")
     plots = report.write_plots(out, rows, raw)
     found, problems = attribution.breakdowns(rows, out)
-    steps = attribution.plot(out, rows, found)
+    steps = attribution.plot(out, rows, raw, found)
     plots += [steps] if steps else []
     method_lines = (out / "method.txt").read_text().splitlines()
     section = attribution.section(rows, raw, found, problems)

@@ -126,7 +126,7 @@ def test_the_gap_at_concurrency_one_is_split_into_causes_that_add_up(tmp_path):
     text = "\n".join(attribution.section(rows, {}, found, problems))
     assert "| classifier: compute | 6.00 | 1.10 |" in text
     assert "moved by 1.00 ms between its two timings" in text  # the drift is said
-    plot = attribution.plot(tmp_path, rows, found)
+    plot = attribution.plot(tmp_path, rows, {}, found)
     assert plot is not None and plot.stat().st_size > 10_000
 
 
