@@ -138,14 +138,14 @@ def _background(url: str, kind: str, concurrency: int, ready, stop, results) -> 
     from export import samples, text_samples
     from pipelines import image
 
-    pixels = image.preprocess(samples.photo_bytes("chelsea"))[None].astype(np.float32)
+    pixels = image.preprocess(samples.photo_bytes("chelsea"))[None]
     documents = [f"{s} (document {i})" for i, s in enumerate(text_samples.SENTENCES * 4)]
     clients: dict = {}
 
     def call(worker: int) -> None:
         client = clients.get(worker) or clients.setdefault(worker, grpc.InferenceServerClient(url))
         if kind == "images":
-            tensor = grpc.InferInput(cspec.PIXELS, list(pixels.shape), "FP32")
+            tensor = grpc.InferInput(cspec.PIXELS, list(pixels.shape), "UINT8")
             tensor.set_data_from_numpy(pixels)
             client.infer(cspec.CLASSIFIER, [tensor])
         else:
