@@ -14,6 +14,7 @@ import base64
 import json
 import math
 import os
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -245,16 +246,20 @@ def test_the_gateway_counts_openai_calls_by_tenant_and_outcome(gateway):
         client.embeddings.create(model="embed_int8", input=f"counted {i}")
     from prometheus_client import CollectorRegistry
 
-    registry = CollectorRegistry()
-    counter = make_counter(registry)
-    for line in gateway.shaping_log.read_text().splitlines():
-        count_line(counter, line)
-    value = registry.get_sample_value
     labels = {"gateway": "nginx", "tenant": "anonymous", "model": "embed_int8"}
-    assert (
-        value(f"{shaping.METRIC}_total", {**labels, "protocol": "openai", "outcome": "admitted"})
-        == 3
-    )
+    admitted = {**labels, "protocol": "openai", "outcome": "admitted"}
+    # nginx logs a request after it has sent the answer: the last line may trail the client.
+    deadline = time.monotonic() + 10
+    while True:
+        registry = CollectorRegistry()
+        counter = make_counter(registry)
+        for line in gateway.shaping_log.read_text().splitlines():
+            count_line(counter, line)
+        value = registry.get_sample_value
+        if value(f"{shaping.METRIC}_total", admitted) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert value(f"{shaping.METRIC}_total", admitted) == 3
     tight = {"gateway": "nginx", "tenant": "tight", "model": "embed", "protocol": "openai"}
     assert value(f"{shaping.METRIC}_total", {**tight, "outcome": "refused"}) >= 1
 
