@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,34 @@ def embed_report_row(round_, system, level, throughput, p99, **fields) -> dict:
         "error": "",
     }
     return {**row, **fields}
+
+
+# One sample line of the Prometheus text format, and a label of it. Read as written: a parser
+# such as prometheus_client's renames counters to end in _total, which Triton's do not.
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(server) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a server's Prometheus page: (name, labels) → value."""
+    import urllib.request
+
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        page = response.read().decode()
+    samples = {}
+    for line in page.splitlines():
+        match = SAMPLE.match(line)
+        if match:
+            name, labels, number = match.groups()
+            samples[(name, frozenset(LABEL.findall(labels or "")))] = float(number)
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """One series' value; 0 for a series not created yet (as a counter that never moved)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def change(before: dict, after: dict, name: str, **labels: str) -> float:
+    """How much one series moved between two scrapes."""
+    return value(after, name, **labels) - value(before, name, **labels)

@@ -7,8 +7,6 @@ computing the expected token counts in-process with the same tokenizer.
 from __future__ import annotations
 
 import math
-import re
-import urllib.request
 
 import numpy as np
 import pytest
@@ -19,33 +17,9 @@ from tritonclient.utils import InferenceServerException
 from pipelines import classification as spec
 from pipelines import embedding
 from pipelines.backend import metrics
+from tests.helpers import change, scrape
 
 pytestmark = pytest.mark.integration
-
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def scrape(server) -> dict[tuple[str, frozenset], float]:
-    """Every sample of the page: (name, labels) → value."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        page = response.read().decode()
-    samples = {}
-    for line in page.splitlines():
-        match = SAMPLE.match(line)
-        if match:
-            name, labels, value = match.groups()
-            samples[(name, frozenset(LABEL.findall(labels or "")))] = float(value)
-    return samples
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    """One series' value; 0 for a series not created yet (as a counter that never moved)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def change(before: dict, after: dict, name: str, **labels: str) -> float:
-    return value(after, name, **labels) - value(before, name, **labels)
 
 
 def bucket_changes(before: dict, after: dict, histogram: str, **labels: str) -> dict[float, float]:
