@@ -65,8 +65,12 @@ models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ON
 
 # SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000". GATEWAY=1 puts the
 # gateway in front (nginx with njs, `make tools`): OpenAI's embeddings API on :8080/v1.
+# embed's per-text cache is in-process by default; REDIS=1 shares it through a local
+# redis-server (loopback, a password, bounded memory; `make tools`), REDIS_URL=redis[s]://...
+# through a Redis that runs elsewhere (docs/operations.md#the-per-text-embedding-cache).
 serve: models
-	$(PY) -m $(if $(GATEWAY),gateway serve,server) --host $(HOST) $(SERVE_ARGS)
+	$(if $(REDIS_URL),EMBED_TEXT_CACHE_URL='$(REDIS_URL)') $(PY) -m \
+		$(if $(GATEWAY),gateway serve,server) --host $(HOST) $(if $(REDIS),--redis local) $(SERVE_ARGS)
 
 # Whether the one-way import rules of pyproject.toml hold (import-linter), and the graph itself.
 imports: $(STAMP)
@@ -83,14 +87,16 @@ format: $(STAMP)
 
 # Debian packages the tests drive for real: promtool/prometheus check the Prometheus config and
 # evaluate the dashboard's queries; nginx is the load balancer in front of several servers, and
-# its njs module serves OpenAI's embeddings API (gateway/openai.js).
+# its njs module serves OpenAI's embeddings API (gateway/openai.js); redis-server is embed's
+# shared per-text cache (server/redis.py).
 NJS_MODULE := /usr/lib/nginx/modules/ngx_http_js_module.so
 tools:
-	@command -v promtool >/dev/null && command -v nginx >/dev/null && test -f $(NJS_MODULE) || { \
-		echo "installing Debian's prometheus, nginx and its njs module for the gateway tests"; \
+	@command -v promtool >/dev/null && command -v nginx >/dev/null && test -f $(NJS_MODULE) \
+		&& command -v redis-server >/dev/null || { \
+		echo "installing Debian's prometheus, nginx, its njs module and redis-server"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus nginx libnginx-mod-http-js; }
+			prometheus nginx libnginx-mod-http-js redis-server; }
 
 test: lint models tools
 	$(PY) -m pytest -raR $(PYTEST_ARGS)

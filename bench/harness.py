@@ -1145,6 +1145,7 @@ class TritonUnderTest:
         """Load every model of both services into the fresh server, the variant's steps first."""
         name, admin = self.server.config.model_config_name, self.server.admin_headers()
         variants.apply(self.client, variant, MODEL_REPOSITORY, name, admin)
+        variants.without_text_cache(self.client, MODEL_REPOSITORY, name, admin)
         # embed's ensembles pull in their steps (as configured, or as the variant loaded them).
         variants.set_response_cache(self.client, EMBED_MODELS, cache, MODEL_REPOSITORY, name, admin)
         if spec.ENSEMBLE not in variant.ensembles:

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from export import model_config
 from pipelines import classification as spec
+from pipelines import embedding as espec
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,23 @@ def set_response_cache(
         config = model_config.resolve(repository / model, config_name)
         config.response_cache.enable = enabled
         client.load_model(model, config=model_config.to_json(config), headers=headers)
+
+
+def without_text_cache(
+    client, repository: Path, config_name: str | None, headers: dict[str, str] | None = None
+) -> None:
+    """Load embed's one step with its per-text cache off, where embed is that one step.
+
+    Benchmarks of the computed path need it off as much as the response cache: perf_analyzer
+    repeats a few texts, which the step's own cache would answer after the first time. Load it
+    before the ensembles that use it (they keep a step that is loaded).
+    """
+    embed = model_config.resolve(repository / espec.ENSEMBLE, config_name)
+    if espec.TOKENIZE_ENCODE not in {s.model_name for s in embed.ensemble_scheduling.step}:
+        return
+    config = model_config.resolve(repository / espec.TOKENIZE_ENCODE, config_name)
+    config.parameters["text_cache_bytes"].string_value = "0"
+    client.load_model(espec.TOKENIZE_ENCODE, config=model_config.to_json(config), headers=headers)
 
 
 def apply(

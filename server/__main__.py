@@ -24,7 +24,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from server import redis
 from server.launcher import (
     ADMIN_APIS,
     ADMIN_KEY_ENV,
@@ -71,6 +73,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-supervisor",
         action="store_true",
         help="do not reload a model whose Python-backend stub died",
+    )
+    p.add_argument(
+        "--redis",
+        metavar="local|URL",
+        help="the shared layer of the embedding step's per-text cache: 'local' starts "
+        "redis-server on loopback with a password and bounded memory (make serve REDIS=1); a "
+        "URL (redis://, rediss:// for TLS, with its password and db) uses a Redis that runs "
+        f"elsewhere (prefer ${redis.URL_ENV}: a flag shows in the process list). Default: the "
+        "step's in-process cache only",
     )
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
     p.add_argument("extra", nargs="*", help="further tritonserver flags, after --")
@@ -122,7 +133,38 @@ def main(argv: list[str] | None = None, front: Front | None = None) -> int:
             extra, supervise = controlled, True
     if not any(a.startswith("--exit-timeout-secs") for a in extra):
         extra = [f"--exit-timeout-secs={EXIT_TIMEOUT_S}", *extra]
+    cache = None
+    if args.redis == "local":
+        try:
+            cache = redis.RedisServer()
+            cache.start(stop_requests=stops)
+        except (FileNotFoundError, ServerStartError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except StartInterruptedError:
+            return 130
+    try:
+        return _serve(args, extra, supervise, stops, front, cache)
+    finally:
+        if cache is not None:
+            cache.stop(stop_requests=stops)
+
+
+def _serve(
+    args: argparse.Namespace,
+    extra: list[str],
+    supervise: bool,
+    stops: StopRequests,
+    front: Front | None,
+    cache: redis.RedisServer | None,
+) -> int:
+    """Start tritonserver (and ``front``) with embed's shared cache at ``cache`` or the URL given.
+
+    Returns the launcher's exit status; stops everything it started, whatever happens.
+    """
+    url = cache.url if cache is not None else args.redis or os.environ.get(redis.URL_ENV)
     config = ServerConfig(
+        text_cache_url=url,
         model_repository=args.model_repository.resolve(),
         host=args.host,
         http_port=args.http_port,
@@ -163,7 +205,9 @@ def main(argv: list[str] | None = None, front: Front | None = None) -> int:
             proxy.start(stop_requests=stops)
             lines = describe()
         if not stops.count:
-            print(_banner(server, supervisor, shown_key, lines), flush=True)
+            print(
+                _banner(server, supervisor, shown_key, lines + _cache_line(cache, url)), flush=True
+            )
         exited = _follow_log(server, stops)
     except ServerStartError as exc:  # the front could not start
         print(f"error: {exc}", file=sys.stderr)
@@ -205,6 +249,17 @@ def _banner(
         f"{front}"
         "Ctrl-C stops it."
     )
+
+
+def _cache_line(cache: redis.RedisServer | None, url: str | None) -> str:
+    """The banner's line about embed's per-text cache (a URL's password is not shown)."""
+    if cache is not None:
+        where = f"redis-server on {cache.host}:{cache.port} (started here; password set)"
+    elif url:
+        where = f"the Redis at {urlsplit(url).hostname}:{urlsplit(url).port or 6379}"
+    else:
+        return "  cache    embed per text: in-process only (--redis local|URL to share it)\n"
+    return f"  cache    embed per text: in-process, then {where}\n"
 
 
 def _follow_log(server: Server, stops: StopRequests) -> bool:

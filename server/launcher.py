@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from server import gpus as gpu_info
-from server import repository
+from server import redis, repository
 from server.process import ManagedProcess, ServerStartError, client_host
 
 __all__ = [
@@ -270,6 +270,9 @@ class ServerConfig:
     # Largest HTTP request body, passed as --http-max-input-size where the server has that flag
     # (releases after 2.51; 2.51 has no body limit, so the models bound what they parse).
     max_input_bytes: int = 64 * 1024 * 1024
+    # The Redis that the embedding step's per-text cache shares with other replicas (its URL,
+    # password included, reaches the stubs through the environment, never a command line).
+    text_cache_url: str | None = None
     # Every config here is complete and checked against Triton's schema (tests/unit/
     # test_configs.py). With auto-complete on, the Python backend starts one more stub per
     # model only to call auto_complete_config (python_be.cc, ModelState::Create): a start of
@@ -403,6 +406,9 @@ class Server(ManagedProcess):
         # would reload every step (docs/triton-2.51.md), and unloading several Python
         # instances at once is where 2.51 has been seen to abort.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop(redis.URL_ENV, None)
+        if self.config.text_cache_url:
+            env[redis.URL_ENV] = self.config.text_cache_url
         # No PYTHONPATH: the stub imports pipelines from its environment's site-packages, where
         # it is installed (from Python 3.11 the stub ignores PYTHONPATH anyway).
         return env

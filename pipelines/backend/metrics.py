@@ -176,3 +176,87 @@ class TokenizeMetrics(_Metrics):
         self.series["per_batch"].observe(tokens)
         if truncated:
             self.series["truncated"].increment(truncated)
+
+
+TEXT_CACHE_HITS = PREFIX + "text_cache_hits_total"
+TEXT_CACHE_MISSES = PREFIX + "text_cache_misses_total"
+TEXT_CACHE_ERRORS = PREFIX + "text_cache_errors_total"
+TEXT_CACHE_CORRUPT = PREFIX + "text_cache_corrupt_total"
+TEXT_CACHE_REDIS_SECONDS = PREFIX + "text_cache_redis_seconds"
+TEXT_CACHE_BREAKER_OPEN = PREFIX + "text_cache_breaker_open"
+# One MGET or pipelined SET on loopback takes well under a millisecond; the timeout is a few.
+REDIS_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)
+CACHE_LAYERS = ("local", "redis")
+
+
+class TextCacheMetrics(_Metrics):
+    """The per-text cache of an embedding step: hits per layer, misses, Redis calls and health.
+
+    Recorded once per formed batch (each update is a round trip to tritonserver).
+    """
+
+    def __init__(self, args: dict):
+        super().__init__(args)
+        hits = self._family(TEXT_CACHE_HITS, "Texts answered from the per-text cache", "COUNTER")
+        for layer in CACHE_LAYERS:
+            self.series[layer] = self._series(hits, layer=layer)
+        self.series["misses"] = self._series(
+            self._family(TEXT_CACHE_MISSES, "Texts no cache layer had: encoded", "COUNTER")
+        )
+        self.series["corrupt"] = self._series(
+            self._family(
+                TEXT_CACHE_CORRUPT, "Cached values that did not decode (recomputed)", "COUNTER"
+            )
+        )
+        self.series["seconds"] = self._series(
+            self._family(
+                TEXT_CACHE_REDIS_SECONDS,
+                "Seconds of each Redis round trip (MGET, or the pipelined SETs)",
+                "HISTOGRAM",
+            ),
+            buckets=REDIS_BUCKETS,
+        )
+        self.series["open"] = self._series(
+            self._family(
+                TEXT_CACHE_BREAKER_OPEN,
+                "1 while the breaker keeps calls from a failing Redis, else 0",
+                "GAUGE",
+            )
+        )
+        self._error_family = self._family(
+            TEXT_CACHE_ERRORS,
+            "Redis calls that failed, by kind (the texts were encoded)",
+            "COUNTER",
+        )
+        self._errors: dict[str, object] = {}
+        self._open: bool | None = None
+
+    def record(self, outcomes, breaker_open: bool | None) -> None:
+        """Count what one formed batch's lookup and store did; note the breaker's state."""
+        totals = {"local": 0, "redis": 0, "misses": 0, "corrupt": 0}
+        errors: dict[str, int] = {}
+        for outcome in outcomes:
+            totals["local"] += outcome.local_hits
+            totals["redis"] += outcome.shared_hits
+            totals["misses"] += outcome.misses
+            totals["corrupt"] += outcome.corrupt
+            for kind, n in outcome.errors.items():
+                errors[kind] = errors.get(kind, 0) + n
+            for seconds in outcome.redis_seconds:
+                self.series["seconds"].observe(seconds)
+        for name, n in totals.items():
+            if n:
+                self.series[name].increment(n)
+        for kind, n in errors.items():
+            if kind not in self._errors:
+                self._errors[kind] = self._series(self._error_family, kind=kind)
+            self._errors[kind].increment(n)
+        if breaker_open is not None and breaker_open != self._open:
+            self.series["open"].set(1 if breaker_open else 0)
+            self._open = breaker_open
+
+    def close(self) -> None:
+        """Drop the error series too."""
+        self._errors.clear()
+        self._error_family = None
+        super().close()

@@ -5,18 +5,28 @@ encoder stub) costs more than the batch it forms: one execute tokenizes every te
 request at once, sorts them by length into sub-batches of at most ``max_batch_tokens`` padded
 positions (``pipelines.embedding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
 onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.onnx``.
+
+In front of the encoder it keeps a per-text cache (``pipelines.text_cache``): its own LRU of
+``text_cache_bytes``, and the Redis at ``$EMBED_TEXT_CACHE_URL`` when the launcher gives one.
+Only texts neither layer has are tokenized and encoded, once each however often they repeat in
+the batch; the answer is the same vectors as without the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
 
 from pipelines import embedding as spec
-from pipelines import onnx_runner
+from pipelines import onnx_runner, text_cache
 from pipelines.backend import batching as bk
 from pipelines.backend import metrics
+
+# Where the shared layer is: set by the launcher (server/redis.py) or the deployment.
+CACHE_URL_ENV = "EMBED_TEXT_CACHE_URL"
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -83,18 +93,53 @@ class TokenizeEncodeModel(TokenizeModel):
         )
         self.max_tokens = int(params.get("max_batch_tokens", spec.MAX_BATCH_TOKENS))
         super().initialize(args)
+        self.cache = text_cache_for(args, params, path)
+        self.cache_metrics = metrics.TextCacheMetrics(args) if self.cache else None
+
+    def finalize(self):
+        """Release the metric series before the stub exits."""
+        if self.cache_metrics is not None:
+            self.cache_metrics.close()
+        super().finalize()
 
     def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
         return onnx_runner.run(self.session, feeds, [spec.EMBEDDING])[0]
 
-    def _run(self, items: list[list[str]]) -> list[dict]:
-        tokens, truncated = spec.encode([t for texts in items for t in texts])
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors [n, 384], word pieces [n]) of texts, through the encoder, counted."""
+        tokens, truncated = spec.encode(texts)
         vectors, padded = spec.encode_sorted(self._encoder, tokens, self.max_tokens)
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
+        return vectors, np.array([len(t) for t in tokens], dtype=np.int32)
+
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's vector and word pieces: from the cache where it has them."""
+        if self.cache is None:
+            return self._encode(texts)
+        found, looked = self.cache.lookup(texts)
+        # Each text still missing is encoded once, however often it repeats in the batch.
+        todo = list(dict.fromkeys(t for t, hit in zip(texts, found, strict=True) if hit is None))
+        outcomes = [looked]
+        if todo:
+            vectors, counts = self._encode(todo)
+            outcomes.append(self.cache.store(todo, vectors, counts))
+            new = dict(zip(todo, zip(vectors, counts, strict=True), strict=True))
+            found = [
+                hit if hit is not None else new[t] for t, hit in zip(texts, found, strict=True)
+            ]
+        shared = self.cache.shared
+        self.cache_metrics.record(outcomes, shared.open if shared is not None else None)
+        return (
+            np.stack([vector for vector, _ in found]),
+            np.array([n for _, n in found], dtype=np.int32),
+        )
+
+    def _run(self, items: list[list[str]]) -> list[dict]:
+        vectors, counts = self._embed([t for texts in items for t in texts])
         sizes = [len(texts) for texts in items]
         parts = bk.split_rows(vectors, sizes, spec.EMBEDDING)
-        counts = bk.split_rows(token_counts(tokens), sizes, spec.TOKENS)
+        counts = bk.split_rows(counts.reshape(-1, 1), sizes, spec.TOKENS)
         return [{spec.EMBEDDING: p, spec.TOKENS: c} for p, c in zip(parts, counts, strict=True)]
 
     def execute(self, requests):
@@ -132,3 +177,42 @@ class TextRowsModel:
     def execute(self, requests):
         """One response per request, in order."""
         return bk.execute(requests, self._parse, self._run, model=self.name, rows=len)
+
+
+def _sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def text_cache_for(args: dict, params: dict[str, str], encoder_path) -> text_cache.TextCache | None:
+    """The per-text cache the config's ``text_cache_*`` parameters describe (None: off).
+
+    ``text_cache_bytes`` sizes the in-process layer (0 turns the whole cache off); the shared
+    layer is the Redis at ``$EMBED_TEXT_CACHE_URL``, if set, with ``text_cache_ttl_s``,
+    ``text_cache_timeout_ms`` and the breaker's ``text_cache_breaker_failures`` and
+    ``text_cache_breaker_reset_s``.
+    """
+    size = int(params.get("text_cache_bytes", "0"))
+    if size <= 0:
+        return None
+    keyspace = text_cache.Keyspace(
+        model=spec.ENCODER,
+        version=args["model_version"],
+        encoder_sha256=_sha256(encoder_path),
+        tokenizer_sha256=hashlib.sha256(spec.read_member("tokenizer.json")).hexdigest(),
+        max_tokens=spec.MAX_TOKENS,
+    )
+    shared = None
+    url = os.environ.get(CACHE_URL_ENV)
+    if url:
+        shared = text_cache.SharedLayer(
+            url,
+            ttl_s=int(params.get("text_cache_ttl_s", str(7 * 24 * 3600))),
+            timeout_s=float(params.get("text_cache_timeout_ms", "5")) / 1000,
+            breaker_failures=int(params.get("text_cache_breaker_failures", "5")),
+            breaker_reset_s=float(params.get("text_cache_breaker_reset_s", "10")),
+        )
+    return text_cache.TextCache(keyspace, spec.HIDDEN_SIZE, text_cache.LocalLayer(size), shared)
