@@ -44,11 +44,12 @@ class Keyspace:
     max_tokens: int
     pooling: str = "mean"
     normalization: str = "l2"
+    runtime: str = "onnxruntime"  # what runs the encoder file (the same file, other numerics)
 
     def digest(self) -> bytes:
         """sha256 of the fields, in a fixed order."""
         fields = (self.model, self.version, self.encoder_sha256, self.tokenizer_sha256,
-                  str(self.max_tokens), self.pooling, self.normalization)  # fmt: skip
+                  str(self.max_tokens), self.pooling, self.normalization, self.runtime)  # fmt: skip
         return hashlib.sha256("\0".join(fields).encode()).digest()
 
     def keys(self, texts: Sequence[str]) -> list[str]:

@@ -6,6 +6,10 @@ request at once, sorts them by length into sub-batches of at most ``max_batch_to
 positions (``pipelines.embedding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
 onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.onnx``.
 
+Where Triton serves the encoder on a native backend (TensorRT or onnxruntime, in the NGC
+container: ``encoder_backend: "triton"``), the step calls that model through BLS instead of
+running the graph itself, one request per sub-batch.
+
 In front of the encoder it keeps a per-text cache (``pipelines.text_cache``): its own LRU of
 ``text_cache_bytes``, and the Redis at ``$EMBED_TEXT_CACHE_URL`` when the launcher gives one.
 Only texts neither layer has are tokenized and encoded, once each however often they repeat in
@@ -82,18 +86,28 @@ class TokenizeEncodeModel(TokenizeModel):
     """tokenize_encode: texts → embeddings; a bad text fails only its own request."""
 
     def initialize(self, args):
-        """Open the encoder's graph of this version, then load the tokenizer as tokenize does."""
+        """Open the encoder of this version (its graph, or Triton's model), then the tokenizer."""
         params = bk.parameters(args)
         repository = Path(args["model_repository"]).parent
         path = repository / spec.ENCODER / args["model_version"] / "model.onnx"
-        self.session = onnx_runner.create_session(
-            path,
-            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
-            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
-        )
+        backend = params.get("encoder_backend", "onnxruntime")
+        if backend == "triton":
+            rows = int(params.get("encoder_max_batch", str(spec.MAX_TEXTS)))
+            self._encoder = TritonEncoder(int(args["model_version"]), rows)
+            # What the model serves from: a TensorRT plan where one was built, else the graph.
+            plan = path.with_name("model.plan")
+            path = plan if plan.exists() else path
+        elif backend == "onnxruntime":
+            self._encoder = OnnxEncoder(
+                path,
+                intra_op_threads=int(params.get("intra_op_thread_count", "1")),
+                inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+            )
+        else:
+            raise ValueError(f"encoder_backend {backend!r}: onnxruntime or triton")
         self.max_tokens = int(params.get("max_batch_tokens", spec.MAX_BATCH_TOKENS))
         super().initialize(args)
-        self.cache = text_cache_for(args, params, path)
+        self.cache = text_cache_for(args, params, path, backend)
         self.cache_metrics = metrics.TextCacheMetrics(args) if self.cache else None
 
     def finalize(self):
@@ -101,10 +115,6 @@ class TokenizeEncodeModel(TokenizeModel):
         if self.cache_metrics is not None:
             self.cache_metrics.close()
         super().finalize()
-
-    def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-        return onnx_runner.run(self.session, feeds, [spec.EMBEDDING])[0]
 
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, 384], word pieces [n]) of texts, through the encoder, counted."""
@@ -147,6 +157,59 @@ class TokenizeEncodeModel(TokenizeModel):
         return bk.execute(requests, self._parse, self._run, model=self.name, rows=len, isolate=True)
 
 
+class OnnxEncoder:
+    """The encoder's graph on onnxruntime in this process: (ids, mask) → embeddings."""
+
+    def __init__(self, path: Path, intra_op_threads: int, inter_op_threads: int):
+        self.session = onnx_runner.create_session(
+            path, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads
+        )
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Embeddings [n, 384] in the rows' order."""
+        feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
+        return onnx_runner.run(self.session, feeds, [spec.EMBEDDING])[0]
+
+
+class TritonEncoder:
+    """The encoder model of this server, called through BLS: (ids, mask) → embeddings.
+
+    A sub-batch larger than the model's ``max_batch_size`` (``max_rows``) goes in pieces.
+    """
+
+    def __init__(self, version: int, max_rows: int):
+        self.version = version
+        self.max_rows = max_rows
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Embeddings [n, 384] in the rows' order, on the host."""
+        import triton_python_backend_utils as pb_utils
+
+        out = []
+        for start in range(0, len(ids), self.max_rows):
+            rows = slice(start, start + self.max_rows)
+            request = pb_utils.InferenceRequest(
+                model_name=spec.ENCODER,
+                model_version=self.version,
+                requested_output_names=[spec.EMBEDDING],
+                inputs=[
+                    pb_utils.Tensor(spec.INPUT_IDS, np.ascontiguousarray(ids[rows])),
+                    pb_utils.Tensor(spec.ATTENTION_MASK, np.ascontiguousarray(mask[rows])),
+                ],
+            )
+            response = request.exec()
+            if response.has_error():
+                raise RuntimeError(f"{spec.ENCODER} {self.version}: {response.error().message()}")
+            tensor = pb_utils.get_output_tensor_by_name(response, spec.EMBEDDING)
+            if tensor.is_cpu():
+                out.append(tensor.as_numpy())
+            else:  # a GPU engine's output: to the host through DLPack (torch is there)
+                from torch.utils.dlpack import from_dlpack
+
+                out.append(from_dlpack(tensor.to_dlpack()).cpu().numpy())
+        return np.concatenate(out)
+
+
 class TextRowsModel:
     """texts_as_batch: a 1-D batch of texts [N] → embed's rows [N, 1], nothing else.
 
@@ -187,13 +250,16 @@ def _sha256(path) -> str:
     return digest.hexdigest()
 
 
-def text_cache_for(args: dict, params: dict[str, str], encoder_path) -> text_cache.TextCache | None:
+def text_cache_for(
+    args: dict, params: dict[str, str], encoder_path: Path, runtime: str
+) -> text_cache.TextCache | None:
     """The per-text cache the config's ``text_cache_*`` parameters describe (None: off).
 
     ``text_cache_bytes`` sizes the in-process layer (0 turns the whole cache off); the shared
     layer is the Redis at ``$EMBED_TEXT_CACHE_URL``, if set, with ``text_cache_ttl_s``,
     ``text_cache_timeout_ms`` and the breaker's ``text_cache_breaker_failures`` and
-    ``text_cache_breaker_reset_s``.
+    ``text_cache_breaker_reset_s``. The keyspace holds the file the encoder runs from (an
+    engine differs from the graph it was built from) and how it runs it.
     """
     size = int(params.get("text_cache_bytes", "0"))
     if size <= 0:
@@ -204,6 +270,7 @@ def text_cache_for(args: dict, params: dict[str, str], encoder_path) -> text_cac
         encoder_sha256=_sha256(encoder_path),
         tokenizer_sha256=hashlib.sha256(spec.read_member("tokenizer.json")).hexdigest(),
         max_tokens=spec.MAX_TOKENS,
+        runtime=runtime,
     )
     shared = None
     url = os.environ.get(CACHE_URL_ENV)

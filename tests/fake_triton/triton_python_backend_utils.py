@@ -123,12 +123,34 @@ class Tensor:
         return self._array.__dlpack__()
 
 
-class InferenceRequest:
-    """A request: named input tensors, and whether its client cancelled it."""
+# BLS: what a model sees when it calls another model (``InferenceRequest(model_name=...)
+# .exec()``): model name → a function of the request that returns its response. Tests set it.
+BLS_MODELS: dict = {}
 
-    def __init__(self, inputs: list[Tensor], cancelled: bool = False):
-        self._inputs = list(inputs)
+
+class InferenceRequest:
+    """A request: named input tensors, and whether its client cancelled it.
+
+    Built with ``model_name`` it is a BLS request, which ``exec()`` hands to BLS_MODELS.
+    """
+
+    def __init__(
+        self,
+        inputs: list[Tensor] | None = None,
+        cancelled: bool = False,
+        *,
+        model_name: str | None = None,
+        model_version: int = -1,
+        requested_output_names: list[str] | None = None,
+    ):
+        self._inputs = list(inputs or [])
         self._cancelled = cancelled
+        self.model_name, self.model_version = model_name, model_version
+        self.requested_output_names = list(requested_output_names or [])
+
+    def exec(self) -> InferenceResponse:
+        # python_backend r24.10: a BLS call's failure is the response's error, not an exception.
+        return BLS_MODELS[self.model_name](self)
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,39 @@ def test_cli_embeds_arguments_and_files(server, tmp_path):
     assert vectors.shape == (len(text_samples.SENTENCES) * 10, spec.HIDDEN_SIZE)
     assert f"{len(vectors)}/{len(vectors)}" in done.stderr  # the progress bar finished
     np.testing.assert_allclose(vectors[0], vectors[len(text_samples.SENTENCES)], atol=1e-6)
+
+
+def test_the_step_can_run_the_encoder_triton_serves_through_bls(reference):
+    """The GPU configs' embed: tokenize_encode calls the served encoder (here its CPU model)."""
+    import tritonclient.http as http
+
+    from server import Server, ServerConfig
+    from server.launcher import MODEL_REPOSITORY
+
+    config = ServerConfig(
+        http_port=0, grpc_port=0, metrics_port=0,
+        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENCODER}"],
+    )  # fmt: skip
+    texts = ["A man is eating food.", "A man is riding a horse.", "word " * 300]
+    with Server(config) as server, http.InferenceServerClient(server.http_url) as client:
+        step = model_config.resolve(MODEL_REPOSITORY / spec.TOKENIZE_ENCODE, "gpu")
+        assert step.parameters["encoder_backend"].string_value == "triton"
+        del step.instance_group[1:]
+        step.instance_group[0].count = 1  # one stub is enough here
+        admin = server.admin_headers()
+        client.load_model(spec.TOKENIZE_ENCODE, config=model_config.to_json(step), headers=admin)
+        client.load_model(spec.ENSEMBLE, headers=admin)
+
+        def encoded() -> int:
+            stats = client.get_inference_statistics(spec.ENCODER)["model_stats"]
+            return sum(int(v["inference_count"]) for v in stats)
+
+        before = encoded()
+        with EmbedClient(server.http_url, "http") as embed:
+            served = embed.embed(texts)
+        # Every text went through the served encoder (whose statistics may trail the answer).
+        deadline = time.monotonic() + 10
+        while encoded() - before < len(texts) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert encoded() - before == len(texts)
+    assert cosines(served, reference(texts)).min() >= SERVED_MIN_COSINE

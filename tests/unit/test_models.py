@@ -348,7 +348,52 @@ def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
     assert model.metrics.series["padded"].value == 2 * len(other_ids) + len(long_ids)
     # Version 2 opens the encoder's INT8 graph.
     int8 = load(espec.TOKENIZE_ENCODE, version="2")
-    assert int8.session._model_path.endswith("encoder/2/model.onnx")
+    assert int8._encoder.session._model_path.endswith("encoder/2/model.onnx")
+
+
+def test_tokenize_encode_answers_seen_texts_from_its_cache_and_encodes_a_repeat_once(
+    encoder_onnx, monkeypatch
+):
+    model = load(espec.TOKENIZE_ENCODE)
+    runs = onnx_runs(monkeypatch)
+    first = model.execute([request(TEXT=texts("seen before", "once")), request(TEXT=texts("once"))])
+    # "once" twice in one batch: encoded once (one run of the two distinct texts).
+    assert [rows for rows, _ in runs.sizes] == [2]
+    again = model.execute([request(TEXT=texts("once", "seen before"))])
+    assert len(runs.sizes) == 1  # nothing new: no encoder run at all
+    for name in (espec.EMBEDDING, espec.TOKENS):
+        np.testing.assert_array_equal(output(again[0], name), output(first[0], name)[::-1])
+        np.testing.assert_array_equal(output(first[1], name), output(first[0], name)[1:])
+    cache = model.cache_metrics.series
+    assert (cache["local"].value, cache["redis"].value, cache["misses"].value) == (2, 0, 2)
+
+
+def test_tokenize_encode_calls_the_served_encoder_through_bls_in_pieces_it_takes(encoder_onnx):
+    """The GPU configs' step: the encoder Triton serves (a TensorRT engine there), via BLS."""
+    from export.minilm import onnx_embeddings
+
+    encoder = onnx_runner.create_session(encoder_onnx[0])
+    calls = []
+
+    def served_encoder(bls):
+        ids, mask = (pb_utils.get_input_tensor_by_name(bls, n).as_numpy()
+                     for n in (espec.INPUT_IDS, espec.ATTENTION_MASK))  # fmt: skip
+        calls.append((bls.model_name, bls.model_version, len(ids)))
+        feeds = {espec.INPUT_IDS: ids, espec.ATTENTION_MASK: mask}
+        vectors = onnx_runner.run(encoder, feeds, [espec.EMBEDDING])[0]
+        return pb_utils.InferenceResponse([pb_utils.Tensor(espec.EMBEDDING, vectors)])
+
+    pb_utils.BLS_MODELS[espec.ENCODER] = served_encoder
+    try:
+        model = load(espec.TOKENIZE_ENCODE, config_name="gpu")
+        many = [f"sentence number {i:03d}" for i in range(70)]  # one length: one sub-batch
+        (response,) = model.execute([request(TEXT=texts(*many))])
+    finally:
+        del pb_utils.BLS_MODELS[espec.ENCODER]
+    # The encoder takes 64 rows at most: the sub-batch of 70 went as 64 and 6.
+    assert calls == [(espec.ENCODER, 1, 64), (espec.ENCODER, 1, 6)]
+    want = onnx_embeddings(encoder_onnx[0], many)
+    np.testing.assert_allclose(output(response, espec.EMBEDDING), want, atol=1e-5)
 
 
 def test_texts_as_batch_makes_rows_of_a_1d_batch_and_refuses_none_or_too_many():
