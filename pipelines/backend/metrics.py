@@ -187,6 +187,8 @@ TEXT_CACHE_BREAKER_OPEN = PREFIX + "text_cache_breaker_open"
 # One MGET or pipelined SET on loopback takes well under a millisecond; the timeout is a few.
 REDIS_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)
 CACHE_LAYERS = ("local", "redis")
+# pipelines.text_cache.error_kind's labels: a fixed few (each label value is its own series).
+ERROR_KINDS = ("connection", "timeout", "auth", "full", "breaker_open", "other")
 
 
 class TextCacheMetrics(_Metrics):
@@ -223,12 +225,13 @@ class TextCacheMetrics(_Metrics):
                 "GAUGE",
             )
         )
-        self._error_family = self._family(
+        errors = self._family(
             TEXT_CACHE_ERRORS,
             "Redis calls that failed, by kind (the texts were encoded)",
             "COUNTER",
         )
-        self._errors: dict[str, object] = {}
+        # Every kind from the start, at 0: a rate over them is defined before the first failure.
+        self._errors = {kind: self._series(errors, kind=kind) for kind in ERROR_KINDS}
         self._open: bool | None = None
 
     def record(self, outcomes, breaker_open: bool | None) -> None:
@@ -248,8 +251,6 @@ class TextCacheMetrics(_Metrics):
             if n:
                 self.series[name].increment(n)
         for kind, n in errors.items():
-            if kind not in self._errors:
-                self._errors[kind] = self._series(self._error_family, kind=kind)
             self._errors[kind].increment(n)
         if breaker_open is not None and breaker_open != self._open:
             self.series["open"].set(1 if breaker_open else 0)
@@ -258,5 +259,4 @@ class TextCacheMetrics(_Metrics):
     def close(self) -> None:
         """Drop the error series too."""
         self._errors.clear()
-        self._error_family = None
         super().close()
