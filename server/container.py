@@ -12,6 +12,11 @@ Environment:
     TRITON_MODEL_CONFIG_NAME   gpu (TensorRT plans, default) or gpu-ort (onnxruntime + TensorRT)
     TRITON_INSTANCES_PER_GPU   instances of each GPU model per GPU (default: each config's count)
     TRITON_CACHE_BYTES         response cache size (default 256 MiB)
+    TRITON_RESPONSE_CACHE_REDIS_URL
+                               redis://[:password@]host:port[/db]: Triton's own redis_cache for
+                               whole responses, shared by the replicas, instead of the local one
+    EMBED_TEXT_CACHE_URL       redis[s]://...: the Redis of embed's per-text cache (its step's
+                               stubs read it; server/redis.py)
     TRITON_ADMIN_KEY           opens the admin endpoints (model control, repository, shared
                                memory, logging, trace) to requests carrying it; unset, they stay
                                closed (a random key that is never shown)
@@ -34,7 +39,7 @@ from pathlib import Path
 
 from export import tensorrt
 from server import gpus as gpu_info
-from server import supervisor
+from server import redis, supervisor
 from server.launcher import ADMIN_KEY_ENV, MODEL_REPOSITORY, Server, ServerConfig
 
 log = logging.getLogger("server.container")
@@ -135,6 +140,8 @@ def server_config(argv: Sequence[str], environ: dict[str, str], gpus) -> ServerC
         model_config_name=name,
         instances_per_gpu=int(per_gpu) if per_gpu else None,
         cache_bytes=int(environ.get("TRITON_CACHE_BYTES", 256 * 1024 * 1024)),
+        response_cache_url=environ.get("TRITON_RESPONSE_CACHE_REDIS_URL") or None,
+        text_cache_url=environ.get(redis.URL_ENV) or None,
         extra_args=list(argv),
     )
 

@@ -29,6 +29,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from packaging.version import Version
 
@@ -243,6 +244,41 @@ def free_port(host: str = "127.0.0.1") -> int:
             sock.close()
 
 
+# A value in tritonserver's --cache-config cannot hold the "," and "=" that separate its parts.
+_CACHE_VALUE = re.compile(r"[^,=\s]+")
+
+
+def redis_cache_args(url: str, timeout_ms: int = 20) -> list[str]:
+    """``--cache-config`` flags of Triton's redis_cache for a ``redis://`` URL.
+
+    Its options (the redis_cache README): host, port, user, password, db, connect_timeout and
+    socket_timeout in milliseconds. It knows no TLS in 2.51, so a ``rediss://`` URL is refused;
+    the password travels on tritonserver's command line (Triton reads it nowhere else), and
+    the launcher's log hides it.
+
+    Raises:
+        ValueError: not ``redis://``, or a value Triton's flag cannot carry.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "redis" or not parts.hostname:
+        raise ValueError(
+            f"Triton's redis_cache takes redis://[user:password@]host:port[/db], not {url.split(':')[0]}://"
+        )
+    options = {"host": parts.hostname, "port": str(parts.port or 6379)}
+    if parts.username:
+        options["user"] = unquote(parts.username)
+    if parts.password:
+        options["password"] = unquote(parts.password)
+        _SECRETS.add(options["password"])
+    if parts.path.strip("/"):
+        options["db"] = parts.path.strip("/")
+    options["connect_timeout"] = options["socket_timeout"] = str(timeout_ms)
+    for key, value in options.items():
+        if not _CACHE_VALUE.fullmatch(value):
+            raise ValueError(f"Triton's redis_cache {key} cannot hold ',', '=' or spaces")
+    return [f"--cache-config=redis,{key}={value}" for key, value in options.items()]
+
+
 @dataclass
 class ServerConfig:
     """How to run one server. Ports of 0 are replaced by free ones at start."""
@@ -258,6 +294,10 @@ class ServerConfig:
     cpus: list[int] | None = None  # pin the server (and its Python stubs) to these cores
     # Triton's local response cache; models opt in with `response_cache { enable: true }`.
     cache_bytes: int = 256 * 1024 * 1024
+    # Triton's own redis_cache instead of the local one (the NGC image has it; the PyPI build
+    # does not): whole responses shared by every replica, under this redis:// URL.
+    response_cache_url: str | None = None
+    response_cache_timeout_ms: int = 20
     # GPU configs (configs/gpu*.pbtxt): instances per GPU (None: each config's own count).
     instances_per_gpu: int | None = None
     # TensorRT engines built for this machine: (model, version) → plan file.
@@ -366,7 +406,9 @@ class Server(ManagedProcess):
             f"--metrics-port={c.metrics_port}",
             f"--log-verbose={c.log_verbose}",
         ]
-        if c.cache_bytes:
+        if c.response_cache_url:
+            args += redis_cache_args(c.response_cache_url, c.response_cache_timeout_ms)
+        elif c.cache_bytes:
             args.append(f"--cache-config=local,size={c.cache_bytes}")
         if c.model_config_name:
             args.append(f"--model-config-name={c.model_config_name}")

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -96,6 +97,8 @@ COMPOSE_VARIABLES = (
     "TRITON_INSTANCES_PER_GPU",
     "TRITON_MODEL_CONFIG_NAME",
     "GRAFANA_ADMIN_PASSWORD",
+    "REDIS_PASSWORD",
+    "TRITON_RESPONSE_CACHE_REDIS_URL",
 )
 
 
@@ -872,3 +875,23 @@ def test_docker_run_keeps_each_configs_own_instance_count(dockerfile):
     gpu = gpus.Gpu(0, "GPU-0", "NVIDIA H200", 143771)
     config = container.server_config([], environ, [gpu])
     assert config.model_config_name == "gpu" and config.instances_per_gpu is None
+
+
+def test_the_servers_share_the_stacks_redis_which_needs_a_password(stack):
+    triton, redis = stack["services"]["triton"], stack["services"]["redis"]
+    assert "redis" in triton["depends_on"]
+    url = urlsplit(triton["environment"]["EMBED_TEXT_CACHE_URL"])
+    assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379)
+    assert triton["environment"]["TRITON_RESPONSE_CACHE_REDIS_URL"] == ""  # opt-in
+    assert "ports" not in redis  # on compose's network only
+    assert re.search(r":\d+\.\d+\.\d+$", redis["image"])
+    script = " ".join(redis["command"]).replace("$$", "$")  # what the container's shell gets
+    for flag in ("--requirepass", "--maxmemory ", "--maxmemory-policy allkeys-lru", '--save ""'):
+        assert flag in script, flag
+    # Without a password it refuses to start rather than serve an open cache.
+    done = subprocess.run(
+        ["sh", "-c", script.replace("exec redis-server", "exec true")],
+        env={"PATH": os.environ["PATH"], "REDIS_PASSWORD": ""},
+        capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr

@@ -145,6 +145,14 @@ def test_container_serves_everywhere_and_passes_arguments_through():
     alt = container.server_config([], {"TRITON_MODEL_CONFIG_NAME": "gpu-ort"}, MACHINE)
     assert alt.model_config_name == "gpu-ort" and alt.instances_per_gpu is None
     assert container.server_config([], {}, []).model_config_name is None
+    assert alt.response_cache_url is None and alt.text_cache_url is None
+    environ = {
+        "TRITON_RESPONSE_CACHE_REDIS_URL": "redis://:pw@redis:6379/1",
+        "EMBED_TEXT_CACHE_URL": "redis://:pw@redis:6379/0",
+    }
+    cached = container.server_config([], environ, MACHINE)
+    assert cached.response_cache_url == environ["TRITON_RESPONSE_CACHE_REDIS_URL"]
+    assert cached.text_cache_url == environ["EMBED_TEXT_CACHE_URL"]
 
 
 def test_cached_engines_are_rebuilt_when_what_they_were_built_from_changes(tmp_path, monkeypatch):

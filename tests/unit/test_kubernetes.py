@@ -285,6 +285,23 @@ def test_adapter_rule_leaves_out_exactly_the_ensembles(adapter_rule):
         assert set(pattern.split("|")) == ensembles
 
 
+def test_every_pod_shares_the_embed_cache_named_by_an_optional_secret(container):
+    (url,) = [e for e in container["env"] if e["name"] == "EMBED_TEXT_CACHE_URL"]
+    ref = url["valueFrom"]["secretKeyRef"]
+    # Optional: without it the pods start with their in-process cache only.
+    assert ref == {"name": "embed-cache", "key": "url", "optional": True}
+    redis = resource("Deployment", "embed-cache")["spec"]["template"]
+    (cache,) = redis["spec"]["containers"]
+    (password,) = cache["env"]
+    # Not optional: this Redis never runs without a password.
+    assert password["valueFrom"]["secretKeyRef"] == {"name": "embed-cache", "key": "password"}
+    assert cache["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert "allkeys-lru" in cache["args"] and redis["spec"]["securityContext"]["runAsNonRoot"]
+    service = resource("Service", "embed-cache")
+    assert selects(service["spec"]["selector"], redis["metadata"]["labels"])
+    assert service["spec"]["ports"][0]["port"] == 6379
+
+
 def test_admin_key_comes_from_an_optional_secret(container):
     (key,) = [e for e in container["env"] if e["name"] == "TRITON_ADMIN_KEY"]
     ref = key["valueFrom"]["secretKeyRef"]

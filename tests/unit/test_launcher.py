@@ -208,3 +208,31 @@ def test_a_server_leaves_the_callers_config_as_it_was(monkeypatch):
     assert one.config.admin_key != two.config.admin_key  # each server its own key
     one.config.extra_args.append("--log-info=true")
     assert config.extra_args == []
+
+
+def test_embeds_shared_cache_reaches_the_stubs_through_the_environment_only(monkeypatch):
+    from server.redis import URL_ENV
+
+    monkeypatch.setenv(URL_ENV, "redis://:left-over@elsewhere:6379/0")
+    url = "redis://:a-password-1234@127.0.0.1:6390/0"
+    server = Server(ServerConfig(text_cache_url=url))
+    assert server.environment()[URL_ENV] == url
+    assert not any("a-password-1234" in arg for arg in server.command())
+    # A config without one does not pass the caller's on by accident.
+    assert URL_ENV not in Server(ServerConfig()).environment()
+
+
+def test_tritons_own_redis_cache_replaces_the_local_one():
+    server = Server(ServerConfig(response_cache_url="redis://:pw-123@cache.internal:6380/2"))
+    flags = [a for a in server.command() if a.startswith("--cache-config")]
+    assert flags == [
+        "--cache-config=redis,host=cache.internal",
+        "--cache-config=redis,port=6380",
+        "--cache-config=redis,password=pw-123",
+        "--cache-config=redis,db=2",
+        "--cache-config=redis,connect_timeout=20",
+        "--cache-config=redis,socket_timeout=20",
+    ]
+    for bad in ("rediss://cache:6380", "redis://:a,b@cache:6380", "http://cache"):
+        with pytest.raises(ValueError, match="redis_cache"):
+            launcher.redis_cache_args(bad)
