@@ -14,6 +14,7 @@ from bench import (
     infinity,
     inputs,
     report,
+    text_cache,
     tune,
     tune_session,
     variants,
@@ -173,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"perf: {plan.size() * plan.rounds} load levels in {plan.rounds} rounds -> {out}")
         runner.run()
         runner.write_csv()
+        if plan.text_cache:
+            print("text cache: Zipf traffic against the per-text and the response cache")
+            text_cache.run(out, server_cpus, client_cpus)
         lines = method(plan, server_cpus, client_cpus, harness.machine()) + runner.notes
         (out / "method.txt").write_text("\n".join(lines) + "\n")
     rows, raw = report.load(out / "points.csv", out / "raw.csv")
@@ -182,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     plots += [steps] if steps else []
     method_lines = (out / "method.txt").read_text().splitlines()
     section = attribution.section(rows, raw, found, problems)
+    cached = out / "text_cache.json"
+    cache_result = json.loads(cached.read_text()) if cached.exists() else None
+    if cache_result:
+        section += text_cache.section(cache_result)
     path = report.write_markdown(out / "report.md", rows, raw, method_lines, plots, section)
     print(f"report: {path}")
     for item in report.metric_table(rows, raw):
@@ -192,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
             if item.get("capped"):
                 met = "  [capped by the load generator]"
             print(f"  {item['metric'].name}: {item['median']:.3f}{met}")
+    for name, value, threshold, _ in text_cache.targets(cache_result) if cache_result else []:
+        shown = "not measured" if value is None else value
+        if isinstance(value, float):
+            shown = f"{value:.3f}  [{'met' if value >= threshold else 'NOT met'}]"
+        print(f"  {name}: {shown}")
     return 0
 
 

@@ -178,6 +178,8 @@ class Plan:
     # request's time goes step by step (bench/trace.py); at concurrency 1 the raw pipeline's
     # stages are timed right before and after, on the server's cores.
     traced: list[tuple[str, str, int]] = field(default_factory=list)
+    # After the rounds: embed's per-text cache under Zipf traffic (bench/text_cache.py).
+    text_cache: bool = False
 
     @classmethod
     def short(cls) -> Plan:
@@ -228,6 +230,7 @@ class Plan:
             mixed_levels=[8, 32],
             raw_mixed_batches=[8, 32],
             traced=TRACED,
+            text_cache=True,
         )
 
     @classmethod
@@ -334,6 +337,7 @@ class Plan:
             mixed_levels=levels,
             raw_mixed_batches=[1, 8, 16, 32, 64],
             traced=TRACED,
+            text_cache=True,
         )
 
     def triton_cases(self, variant: str) -> Iterator[Case]:

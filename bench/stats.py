@@ -103,6 +103,17 @@ _SAMPLE = re.compile(r"^(\w+)\{([^}]*)\} ([0-9.eE+-]+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
+def _series(page: str, model: str, version: str | None):
+    """(name, labels, value) of every sample of ``model`` (of ``version`` only, if given)."""
+    for line in page.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match.group(2)))
+        if labels.get("model") == model and version in (None, labels.get("version")):
+            yield match.group(1), labels, float(match.group(3))
+
+
 def token_counts(page: str, model: str, version: str | None = None) -> tuple[float, float]:
     """(real, padded) token positions a model counted, from a ``/metrics`` page.
 
@@ -110,11 +121,18 @@ def token_counts(page: str, model: str, version: str | None = None) -> tuple[flo
     ``model`` (of ``version`` only, if given); (0, 0) where the model has none yet.
     """
     totals = {metrics.TOKENS: 0.0, metrics.PADDED_TOKENS: 0.0}
-    for line in page.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or match.group(1) not in totals:
-            continue
-        labels = dict(_LABEL.findall(match.group(2)))
-        if labels.get("model") == model and version in (None, labels.get("version")):
-            totals[match.group(1)] += float(match.group(3))
+    for name, _, value in _series(page, model, version):
+        if name in totals:
+            totals[name] += value
     return totals[metrics.TOKENS], totals[metrics.PADDED_TOKENS]
+
+
+def text_cache_counts(page: str, model: str, version: str | None = None) -> dict[str, float]:
+    """The per-text cache's texts so far: hits by layer (``local``, ``redis``) and ``misses``."""
+    totals = {**dict.fromkeys(metrics.CACHE_LAYERS, 0.0), "misses": 0.0}
+    for name, labels, value in _series(page, model, version):
+        if name == metrics.TEXT_CACHE_HITS:
+            totals[labels["layer"]] += value
+        elif name == metrics.TEXT_CACHE_MISSES:
+            totals["misses"] += value
+    return totals

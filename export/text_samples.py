@@ -209,3 +209,17 @@ def mixed_texts(n: int, seed: int = 0) -> list[str]:
         seen.add(text)
         texts.append(text)
     return texts
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct single sentences in a seeded order: short queries, as retrieval sends them.
+
+    The same ``n`` and ``seed`` always give the same list.
+    """
+    import random
+
+    rng = random.Random(seed)
+    texts: dict[str, None] = {}
+    while len(texts) < n:
+        texts.setdefault(_sentence(rng))
+    return list(texts)

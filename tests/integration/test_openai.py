@@ -391,3 +391,21 @@ def test_a_bad_text_fails_only_its_1d_request(server):
         good = httpclient.InferInput(spec.TEXTS, [1], "BYTES")
         good.set_data_from_numpy(np.array(["fine"], dtype=np.object_))
         assert client.infer(spec.TEXTS_ENSEMBLE, [good]).as_numpy(spec.EMBEDDING).shape == (1, 384)
+
+
+def test_openai_calls_get_the_per_text_cache_of_the_step_they_reach(server, gateway):
+    from tests.helpers import change, scrape
+
+    step = {"model": spec.TOKENIZE_ENCODE, "version": "1"}
+    client = sdk(gateway)
+    first = client.embeddings.create(model="embed", input=["cached for the sdk", "and this"])
+    before = scrape(server)
+    # Another request (no response-cache hit), two of whose texts the step has seen.
+    again = client.embeddings.create(
+        model="embed", input=["and this", "new one", "cached for the sdk"]
+    )
+    after = scrape(server)
+    assert change(before, after, "pipeline_text_cache_hits_total", **step, layer="local") == 2
+    assert change(before, after, "pipeline_text_cache_misses_total", **step) == 1
+    assert again.data[0].embedding == first.data[1].embedding
+    assert again.data[2].embedding == first.data[0].embedding

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 from pathlib import Path
@@ -477,3 +478,47 @@ def test_ratios_are_taken_against_the_raw_pipeline_read_beside_each_case():
     table = {name: metrics[name].compute(rows, raw) for name in table}
     assert table["classify served ÷ raw pipeline, concurrency 1 (http)"] == pytest.approx(0.6)
     assert table[name.format("images/s")] == pytest.approx(100 / 88)
+
+
+def test_zipf_requests_repeat_few_texts_often_and_are_the_same_every_time():
+    from bench import text_cache
+
+    texts = [f"query {i}" for i in range(1000)]
+    requests = text_cache.zipf_requests(texts, 2000)
+    assert requests == text_cache.zipf_requests(texts, 2000)
+    assert all(len(r) == text_cache.REQUEST_TEXTS for r in requests)
+    counts = sorted(collections.Counter(t for r in requests for t in r).values(), reverse=True)
+    # Zipf, s = 1: the most frequent text comes about twice as often as the second, ten times
+    # as often as the tenth; most texts are rare.
+    assert 1.5 < counts[0] / counts[1] < 2.7 and 6 < counts[0] / counts[9] < 15
+    assert len(counts) < 1000 and counts[-1] <= 3
+
+
+def test_text_cache_targets_from_one_runs_cases():
+    from bench import text_cache
+
+    def case(setup, level, texts, p99, hit=None):
+        return {"setup": setup, "level": level, "texts_per_s": texts, "p50_ms": p99 / 2,
+                "p99_ms": p99, "hit_ratio": hit, "error": ""}  # fmt: skip
+
+    result = {
+        "distinct": 10_000, "request_texts": 8, "zipf_exponent": 1.0, "passes": 1,
+        "replica_hit_ratio": 0.99,
+        "cases": [
+            case("response cache", 4, 300, 150), case("response cache", 16, 360, 400),
+            case("per-text cache", 4, 900, 60, 0.7), case("per-text cache", 16, 1800, 90, 0.9),
+            case("all new, no cache", 16, 380, 380), case("all new, per-text cache", 16, 361, 390),
+        ],
+    }  # fmt: skip
+    by_name = {name: (value, threshold) for name, value, threshold, _ in text_cache.targets(result)}
+    # At the response cache's best p99 (400 ms) the per-text cache reaches 1800 texts/s.
+    assert by_name["per-text cache ÷ Triton's response cache, texts/s at equal p99"][0] == (
+        pytest.approx(1800 / 360)
+    )
+    assert by_name["every text new: per-text cache ÷ no cache, texts/s"][0] == pytest.approx(0.95)
+    text = "\n".join(text_cache.section(result))
+    assert "| per-text cache | 16 | 1800 | 45.0 | 90.0 | 0.900 |" in text
+    assert (
+        "| a second replica's hit ratio on what the first one served | 0.990 | ≥ 0.95 | yes |"
+        in text
+    )
