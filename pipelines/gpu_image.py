@@ -39,7 +39,8 @@ def _decode_jpeg():
 def gpu_decodable(data: bytes) -> bool:
     """True for a JPEG that nvJPEG decodes to the pixels Pillow would (header read only)."""
     try:
-        img = Image.open(io.BytesIO(data))
+        # The JPEG plugin alone reads the header: nothing else is tried on the way to the GPU.
+        img = Image.open(io.BytesIO(data), formats=("JPEG",))
         width, height = img.size
         upright = img.getexif().get(EXIF_ORIENTATION, 1) == 1
     except Exception:  # noqa: BLE001 - the CPU path reports what is wrong with it

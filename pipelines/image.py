@@ -16,8 +16,14 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from pipelines import classification as spec
 
-# Refuse decompression bombs before decoding: 64 megapixels is a 8k x 8k photo.
+# The formats the service takes (docs/models.md#bad-input), and the only ones Pillow may try:
+# its other plugins include EPS (which runs Ghostscript), PSD, and TIFF with its many codecs.
+FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")
+# Refused before decoding, from the header: one image over 64 megapixels (an 8k x 8k photo), or
+# one request whose images add up to more than 128 megapixels (32 photos of 4 megapixels); what
+# a request at the cap costs to decode is in docs/models.md#bad-input.
 MAX_PIXELS = 64_000_000
+MAX_REQUEST_PIXELS = 128_000_000
 # Decode JPEGs no smaller than the side the crop needs, so the DCT shortcut never upsamples.
 DECODE_MIN_SIDE = math.ceil(spec.IMAGE_SIZE / spec.CROP_FRACTION)
 
@@ -53,11 +59,57 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+def _open(data: bytes) -> Image.Image:
+    """Pillow's lazy open (the header only), of the formats taken here; ImageError otherwise."""
+    if not data:
+        raise ImageError("empty input: expected encoded image bytes")
+    try:
+        return Image.open(io.BytesIO(data), formats=FORMATS)
+    except UnidentifiedImageError:
+        raise ImageError(_unidentified(data)) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"image too large: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of a plugin is this image's
+        raise ImageError(f"corrupt or truncated image: {exc}") from None
+
+
+def _unidentified(data: bytes) -> str:
+    # Which format it is, if Pillow knows one by its first bytes (nothing of it is run).
+    Image.init()
+    known = [f for f, (_, accept) in Image.OPEN.items() if accept and _accepts(accept, data)]
+    taken = ", ".join(FORMATS)
+    if known:
+        return f"unsupported format {known[0]}: this service takes {taken}"
+    return f"not an image: cannot identify format of {len(data)} bytes (it takes {taken})"
+
+
+def _accepts(accept, data: bytes) -> bool:
+    try:
+        return bool(accept(data[:64]))
+    except Exception:  # noqa: BLE001 - a plugin's check that cannot read the bytes: not it
+        return False
+
+
+def pixels_of(data: bytes) -> int:
+    """Width × height as the image's header gives them.
+
+    0 for bytes that do not open, a header over Pillow's own limit included: ``decode`` refuses
+    those one by one, so they cost nothing to decode.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            width, height = _open(data).size
+    except ImageError:
+        return 0
+    return width * height
+
+
 def decode(data: bytes, min_side: int = 0) -> Image.Image:
     """Decode encoded image bytes into an upright RGB image.
 
     Args:
-        data: the encoded file (JPEG, PNG, GIF, WebP, BMP, TIFF, ...).
+        data: the encoded file, of one of FORMATS (a GIF gives its first frame).
         min_side: if > 0, JPEG decoding may downscale in the DCT domain (a large speed-up for big
             photos) as long as the shorter side stays at least this long.
 
@@ -65,28 +117,32 @@ def decode(data: bytes, min_side: int = 0) -> Image.Image:
         An RGB image with its EXIF orientation applied.
 
     Raises:
-        ImageError: empty, not an image, truncated or corrupt, or too large.
+        ImageError: whatever goes wrong while opening, decoding, transposing or converting:
+            empty, not an image, a format not taken here, truncated or corrupt, too large.
     """
-    if not data:
-        raise ImageError("empty input: expected encoded image bytes")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            width, height = img.size
-            if width * height > MAX_PIXELS:
-                raise ImageError(f"image too large: {width}x{height} exceeds {MAX_PIXELS} pixels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        img = _open(data)
+        width, height = img.size
+        if width * height > MAX_PIXELS:
+            raise ImageError(f"image too large: {width}x{height} exceeds {MAX_PIXELS} pixels")
+        try:
             if min_side and img.format == "JPEG":
                 scale = min_side / min(width, height)
                 img.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
             img.load()
-    except ImageError:
-        raise
-    except UnidentifiedImageError:
-        raise ImageError(f"not an image: cannot identify format of {len(data)} bytes") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(f"corrupt or truncated image: {exc}") from None
-    return to_rgb(ImageOps.exif_transpose(img))
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise ImageError(f"image too large: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - any failure of a decoder is this image's
+            raise ImageError(f"corrupt or truncated image: {exc}") from None
+    try:
+        upright = ImageOps.exif_transpose(img)
+    except Exception as exc:  # noqa: BLE001 - EXIF that cannot be applied is this image's
+        raise ImageError(f"corrupt EXIF orientation: {exc}") from None
+    try:
+        return to_rgb(upright)
+    except Exception as exc:  # noqa: BLE001 - a mode that does not convert is this image's
+        raise ImageError(f"cannot convert {upright.mode} to RGB: {exc}") from None
 
 
 def crop_box(width: int, height: int) -> tuple[int, int, int]:

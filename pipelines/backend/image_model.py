@@ -25,13 +25,26 @@ from pipelines.backend import metrics
 
 # What each request holds, and what it gets back -------------------------------------------------
 def read_images(request, failures: metrics.PreprocessMetrics) -> list[bytes]:
-    """The encoded images of one request (``RequestError`` if it has none, counted)."""
+    """The encoded images of one request, checked before any is decoded.
+
+    ``RequestError`` (counted) if it has none, or if their headers add up to more pixels than
+    one request may decode (``image.MAX_REQUEST_PIXELS``).
+    """
     try:
         items = bk.inputs(request, [spec.IMAGE])[spec.IMAGE].reshape(-1)
     except bk.RequestError:
         failures.failed(["no images in the request"])
         raise
-    return [bytes(item) for item in items]
+    images = [bytes(item) for item in items]
+    total = sum(map(image.pixels_of, images))
+    if total > image.MAX_REQUEST_PIXELS:
+        problem = (
+            f"images too large: {spec.IMAGE} holds {total} pixels or more, over the "
+            f"{image.MAX_REQUEST_PIXELS} one request may decode"
+        )
+        failures.failed([problem])
+        raise bk.RequestError(problem)
+    return images
 
 
 def read_top_k(request, default: int) -> int:

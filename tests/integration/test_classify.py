@@ -19,6 +19,7 @@ import pytest
 from client.classify import AsyncClassifyClient, ClassifyClient
 from client.connection import ClientError, module
 from pipelines import classification as spec
+from tests.bad_images import bad_images, png_header
 from tests.helpers import batched_in_some_burst, run_cli
 
 pytestmark = pytest.mark.integration
@@ -180,6 +181,15 @@ def bad_cases(photo: bytes, model: str = spec.ENSEMBLE) -> dict[str, tuple[list,
             [(spec.IMAGE, images(photo[: len(photo) // 2]), "BYTES")],
             "truncated",
         ),
+        **{
+            name: ([(spec.IMAGE, images(data), "BYTES")], message)
+            for name, (data, message) in bad_images(photo).items()
+            if name not in ("truncated", "not-an-image")
+        },
+        "over-request-pixels": (
+            [(spec.IMAGE, images(*[png_header(6000, 6000)] * 4), "BYTES")],
+            "images too large: IMAGE holds 144000000 pixels",
+        ),
         "empty-bytes": ([(spec.IMAGE, images(b""), "BYTES")], "empty input"),
         "empty-tensor": (
             [(spec.IMAGE, np.zeros((0, 1), np.object_), "BYTES")],
@@ -228,11 +238,12 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
+def test_each_kind_of_bad_image_in_a_formed_batch_fails_alone(
     server, reference, photos, protocol, model
 ):
-    bad = photos["coffee"][:1500]
-    plan = [photos["chelsea"], photos["coffee"], bad, photos["flower"]] * 6
+    bad = {data: message for data, message in bad_images(photos["coffee"]).values()}
+    good = [photos["chelsea"], photos["coffee"], photos["flower"]]
+    plan = [*good, *bad] * 3
 
     # A full batch of photos goes first: while the first step's one instance decodes it, the
     # burst queues behind it and the batcher joins what queued, however slowly a busy client
@@ -253,9 +264,9 @@ def test_one_bad_request_in_a_formed_batch_leaves_the_others_intact(
         after = model_stats(server, BATCHING_STEP[model])
         assert len(first) == len(blocker)
         for img, result in zip(plan, results, strict=True):
-            if img is bad:
+            if img in bad:
                 assert isinstance(result, ClientError)
-                assert "IMAGE[0]: corrupt or truncated image" in str(result)
+                assert f"IMAGE[0]: {bad[img]}" in str(result)
             else:
                 assert_matches_reference(result, reference, [img])
         return after["execution_count"] - before["execution_count"]

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from pipelines import classification as spec
 from pipelines import embedding
 from pipelines.backend import metrics
+from tests.bad_images import bad_images
 from tests.helpers import change, scrape
 
 pytestmark = pytest.mark.integration
@@ -54,10 +55,15 @@ TOK = {"model": embedding.TOKENIZE_ENCODE, "version": "1"}
 def test_failure_reasons_cover_every_message_the_steps_produce(photos):
     from pipelines import image
 
-    cases = {
-        b"": "empty",
-        b"plain text, no image": "not_an_image",
-        photos["chelsea"][:2000]: "corrupt",
+    reasons = {
+        "pixel-bomb": "too_large",
+        "truncated": "corrupt",
+        "corrupt-exif": "corrupt",
+        "tiff": "unsupported",
+        "not-an-image": "not_an_image",
+    }
+    cases = {b"": "empty"} | {
+        data: reasons[name] for name, (data, _) in bad_images(photos["chelsea"]).items()
     }
     for data, reason in cases.items():
         with pytest.raises(image.ImageError) as failure:
@@ -70,6 +76,7 @@ def test_failure_reasons_cover_every_message_the_steps_produce(photos):
     assert metrics.failure_reason("image too large: 9000x9000 exceeds 64000000 pixels") == (
         "too_large"
     )
+    assert metrics.failure_reason("images too large: IMAGE holds 2 pixels") == "too_large"
     assert metrics.failure_reason("something new") == "other"
 
 

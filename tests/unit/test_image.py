@@ -10,15 +10,10 @@ from PIL import Image
 
 from pipelines import classification as spec
 from pipelines import image
+from tests.bad_images import bad_images, encode, exif_jpeg, png_header
 
 SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
 WHITE = 255
-
-
-def encode(img: Image.Image, fmt: str, **options) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format=fmt, **options)
-    return buf.getvalue()
 
 
 def gradient(width: int = 320, height: int = 240) -> np.ndarray:
@@ -48,18 +43,13 @@ RGB = Image.fromarray(gradient())
         ("RGBA", "PNG"),
         ("RGBA", "WEBP"),
         ("CMYK", "JPEG"),
-        ("CMYK", "TIFF"),
         ("I;16", "PNG"),
-        ("I", "TIFF"),
-        ("F", "TIFF"),
     ],
 )
 def test_every_mode_becomes_rgb_pixels(mode: str, fmt: str):
     grey = np.asarray(RGB.convert("L"))
     high_depth = {
         "I;16": lambda: Image.fromarray(grey.astype(np.uint16) * 257),  # full 16-bit range
-        "I": lambda: Image.fromarray(grey.astype(np.int32) * 257),
-        "F": lambda: Image.fromarray(grey.astype(np.float32)),
     }
     src = high_depth[mode]() if mode in high_depth else RGB.convert(mode)
     out = image.preprocess(encode(src, fmt))
@@ -144,6 +134,73 @@ def test_decompression_bombs_are_refused_before_decoding(monkeypatch):
         image.preprocess(encode(RGB, "PNG"))
 
 
+def test_a_tiny_file_claiming_400_megapixels_is_refused_as_too_large_not_raised():
+    bomb = png_header(20000, 20000)
+    assert len(bomb) < 100
+    # Past twice Pillow's own limit, where it raises DecompressionBombError (not an OSError).
+    with pytest.raises(image.ImageError, match="image too large"):
+        image.decode(bomb)
+    assert image.pixels_of(bomb) == 0, "refused one by one, it costs a request nothing"
+    assert image.pixels_of(png_header(8000, 9000)) == 72_000_000
+    assert image.pixels_of(encode(RGB, "JPEG")) == RGB.width * RGB.height
+    assert image.pixels_of(b"junk") == 0
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [
+        (lambda: encode(RGB, "TIFF"), "TIFF"),
+        (lambda: encode(RGB, "TIFF", compression="tiff_lzw"), "TIFF"),
+        (lambda: EPS, "EPS"),
+        (lambda: b"8BPS\x00\x01" + b"\x00" * 40, "PSD"),
+    ],
+    ids=["tiff", "tiff-lzw", "eps", "psd"],
+)
+def test_formats_not_taken_are_refused_by_name_without_opening_them(data, name, monkeypatch):
+    from PIL import EpsImagePlugin
+
+    def never(*args, **kwargs):
+        raise AssertionError("a refused format's plugin ran")
+
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", never)
+    with pytest.raises(image.ImageError, match=f"unsupported format {name}: this service takes"):
+        image.decode(data())
+
+
+def test_a_gif_gives_its_first_frame():
+    frames = [Image.new("RGB", (64, 64), colour) for colour in ((200, 0, 0), (0, 0, 200))]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    red, _, blue = np.asarray(image.decode(buf.getvalue()))[32, 32]
+    assert red > 150 and blue < 50
+
+
+def test_exif_that_pillow_cannot_apply_is_this_images_error():
+    # exif_transpose raises AttributeError on it: no decoder's exception, it escaped before.
+    with pytest.raises(image.ImageError, match="corrupt EXIF orientation: 'float' object"):
+        image.decode(exif_jpeg())
+
+
+def test_a_mode_that_does_not_convert_is_this_images_error(monkeypatch):
+    monkeypatch.setattr(image, "to_rgb", lambda img: img.convert("nonsense"))
+    with pytest.raises(image.ImageError, match="cannot convert RGB to RGB"):
+        image.decode(encode(RGB, "JPEG"))
+
+
+def test_each_kind_of_bad_image_fails_alone_in_a_batch():
+    good = encode(RGB, "JPEG")
+    cases = bad_images(good)
+    batch = [good] + [data for data, _ in cases.values()] + [good]
+    pixels, errors = image.preprocess_batch(batch)
+    assert errors[0] is None and errors[-1] is None
+    for (_, message), error in zip(cases.values(), errors[1:-1], strict=True):
+        assert isinstance(error, image.ImageError) and message in str(error)
+    np.testing.assert_array_equal(pixels[-1], image.preprocess(good))
+
+
 def test_one_bad_image_does_not_spoil_the_batch():
     good = encode(RGB, "JPEG")
     pixels, errors = image.preprocess_batch([good, b"junk", good])
@@ -176,6 +233,7 @@ def test_gpu_decodable_routes_only_upright_rgb_jpegs():
     assert gpu_image.gpu_decodable(encode(RGB, "JPEG"))
     assert not gpu_image.gpu_decodable(encode(RGB, "PNG"))
     assert not gpu_image.gpu_decodable(b"junk")
+    assert not gpu_image.gpu_decodable(exif_jpeg()), "rotated by its EXIF"
     rotated = io.BytesIO()
     exif = Image.Exif()
     exif[gpu_image.EXIF_ORIENTATION] = 6
