@@ -11,6 +11,15 @@ Render a config for N containers:
         --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
         --limits docker/nginx/limits.toml > nginx.conf
 
+Only what a tenant needs is passed on: health, the server's metadata, and the metadata,
+readiness and inference of the served models (``SERVED``). The operator APIs (model control,
+shared memory, logging, trace) and each model's config and statistics are refused (HTTP 403,
+gRPC ``PERMISSION_DENIED``), the other models, steps of the served ones, are unknown (404,
+``NOT_FOUND``), streaming inference is ``UNIMPLEMENTED``, and a client's admin key is never
+forwarded. gRPC names the model inside the body: ``gateway/grpc.js`` (njs) reads it there.
+Slow and greedy clients meet ``limit_conn`` per address, timeouts on headers and bodies, and
+bounded buffers (docs/operations.md#security).
+
 With ``--limits``, inference requests are shaped by token buckets per tenant and per model
 (``gateway/shaping.py`` explains the file): a request over its tenant's or its model's rate
 gets HTTP 429 with ``Retry-After`` (gRPC ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata),
@@ -33,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.shaping import ANONYMOUS, Limit, Limits, load_limits
+from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
@@ -53,13 +63,19 @@ TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
 # One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
 SHAPING_LOG = "logs/shaping.log"
-# Inference over HTTP (the model is in the path) and over gRPC (it is inside the body).
-HTTP_INFER = (
-    r"^/v2/models/(?<model_name>[^/]+)(/versions/[0-9]+)?/(infer|generate|generate_stream)$"
+# The models clients may call through the gateway; the others are their steps.
+SERVED = (*cspec.SERVED, *espec.SERVED)
+# Inference over HTTP (the model is in the path); gRPC's is in the body (gateway/grpc.js).
+HTTP_INFER = r"^/v2/models/(?<model_name>{models})(/versions/[0-9]+)?/infer$"
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Where gateway/openai.js counts an OpenAI call in the buckets (shape, before it parses the
+# body) and sends its Triton requests (infer), by OpenAI model id.
+OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/(shape|infer)$"
+OPERATOR_ONLY = (
+    "not served through the gateway: an operator reaches it on Triton directly, with the admin key"
 )
-GRPC_INFER = r"^/inference\.GRPCInferenceService/(ModelInfer|ModelStreamInfer)$"
-# Where gateway/openai.js sends an OpenAI call's Triton requests, by OpenAI model id.
-OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/infer$"
+# The scripts nginx runs (njs): gRPC routing always, OpenAI's API with --openai.
+SCRIPTS = ("grpc.js", "openai.js")
 INSTALL_HINT = (
     "apt-get install -y --no-install-recommends nginx (Debian 12's nginx 1.22; `make tools`), "
     "or set $NGINX to an nginx binary"
@@ -94,20 +110,18 @@ class OpenAI:
     """OpenAI's embeddings API at the gateway (gateway/openai.js), and what it serves.
 
     Attributes:
-        module: nginx's njs module (``load_module``); None finds it here.
-        script_dir: the folder holding openai.js, as nginx will see it.
         models: OpenAI model id → the Triton ensemble it calls (one that answers TOKENS).
         max_inputs: the most texts one call may carry (more: 413).
         chunk: texts per Triton request (the ensembles' max_batch_size).
-        max_body: ``client_max_body_size`` of the API, held in memory whole for the script.
+        max_body: ``client_max_body_size`` of the API, held in memory whole for the script:
+            4 MiB is 2048 texts of 2 KiB, over the 256 word pieces the model reads of each
+            (OpenAI's own API takes at most 300,000 tokens a call, about 1.2 MB of English).
     """
 
-    module: str | None = None
-    script_dir: str = str(OPENAI_SCRIPT.parent)
     models: tuple[tuple[str, str], ...] = tuple(espec.OPENAI_MODELS.items())
     max_inputs: int = espec.MAX_OPENAI_INPUTS
     chunk: int = espec.MAX_TEXTS
-    max_body: str = "16m"
+    max_body: str = "4m"
 
 
 def find_nginx() -> str:
@@ -172,17 +186,27 @@ def _retry_after(limits: Limits) -> list[str]:
     return lines
 
 
+def _exact(key: str) -> str:
+    r"""A map source that matches ``key`` exactly: nginx compares plain strings ignoring case.
+
+    Every character but letters and digits as a PCRE ``\xHH`` escape, so that none is special
+    to PCRE or to nginx's quoting (shaping.KEY already keeps quotes and backslashes out).
+    """
+    body = "".join(c if c.isascii() and c.isalnum() else f"\\\\x{ord(c):02x}" for c in key)
+    return f'"~^{body}$"'
+
+
 def shaping(
     limits: Limits, grpc_port: int, log_path: str = SHAPING_LOG, openai: bool = False
 ) -> dict[str, str]:
-    """The template's shaping fields: zones and maps, and the shaped inference locations.
+    """The template's shaping fields: zones and maps, and what the shaped locations hold.
 
     With ``openai``, an OpenAI call's model is the id the API's script sets.
     """
     header = "$http_" + limits.header.lower().replace("-", "_")
     tenant_defs, tenant_uses = _zones("tenant", "$tenant", dict(limits.tenants))
     model_defs, model_uses = _zones("model", "$triton_model", dict(limits.models))
-    keys = [f'        "{key}" {tenant};' for key, tenant in limits.keys.items()]
+    keys = [f"        {_exact(key)} {tenant};" for key, tenant in limits.keys.items()]
     http = [
         "",
         "    # Traffic shaping (limits.toml): a token bucket per tenant and one per model.",
@@ -195,14 +219,18 @@ def shaping(
         '        "" $bearer_key;',
         f"        default {header};",
         "    }",
+        # Regular expressions, case-sensitive: nginx compares a map's plain strings ignoring
+        # case, and a key is compared exactly, as gateway.shaping does.
         "    map $api_key $tenant {",
         f"        default {ANONYMOUS};",
         *keys,
         "    }",
-        # An OpenAI call is shaped in its first Triton request (/_openai/<id>/infer) and logged
-        # as the call itself, under the model id the script sets ($openai_model).
+        # A gRPC request's model is what gateway/grpc.js read from its body. An OpenAI call is
+        # counted at /_openai/<id>/shape and logged as the call itself, under the model id the
+        # script sets ($openai_model).
         "    map $uri $triton_model {",
-        f'        "~{HTTP_INFER}" $model_name;',
+        f'        "~{HTTP_INFER.format(models="|".join(SERVED))}" $model_name;',
+        f'        "{GRPC_INFER}" $grpc_model;',
         f'        "~{OPENAI_INFER}" $model_name;',
         *(['        "/v1/embeddings" $openai_model;'] if openai else []),
         '        default "";',
@@ -223,23 +251,15 @@ def shaping(
         '        \'"limit":"$limit_req_status","status":"$status"}\';',
         "",
     ]
-
-    def location(pattern: str, uses: list[str], upstream: str) -> list[str]:
-        return [
-            "",
-            "        # Inference is shaped; health, metadata and statistics are not.",
-            f'        location ~ "{pattern}" {{',
-            *(f"            {use}" for use in uses),
-            "            error_page 429 = @refused;",
-            f"            access_log {log_path} shaping;",
-            f"            {upstream};",
-            "        }",
-        ]
-
+    shaped = [
+        *(f"            {use}" for use in (*tenant_uses, *model_uses)),
+        "            error_page 429 = @refused;",
+        f"            access_log {log_path} shaping;",
+    ]
     refused_http = [
+        "",
         "        location @refused {",
         f"            access_log {log_path} shaping;",
-        "            default_type application/json;",
         "            add_header Retry-After $retry_after always;",
         '            return 429 \'{"error":"rate limit exceeded for tenant $tenant: '
         "retry after $retry_after s\"}';",
@@ -259,27 +279,19 @@ def shaping(
     ]
     return {
         "@SHAPING@": "\n".join(http),
-        "@OPENAI_SHAPED@": "\n".join(
-            f"            {line}"
-            for line in (*tenant_uses, *model_uses, "error_page 429 = @refused;")
-        ),
+        "@HTTP_SHAPED@": "\n".join(shaped),
+        "@HTTP_REFUSED@": "\n".join(refused_http),
+        "@GRPC_SHAPED@": "\n".join(shaped),
+        "@GRPC_REFUSED@": "\n".join(refused_grpc),
+        "@OPENAI_SHAPED@": "\n".join(shaped[:-1]),
         "@OPENAI_LOG@": f"            access_log {log_path} shaping;",
-        "@HTTP_SHAPED@": "\n".join(
-            location(HTTP_INFER, tenant_uses + model_uses, "proxy_pass http://triton_http")
-            + refused_http
-        ),
-        # The model zones would never count here: $triton_model is empty for gRPC.
-        "@GRPC_SHAPED@": "\n".join(
-            location(GRPC_INFER, tenant_uses, "grpc_pass grpc://triton_grpc") + refused_grpc
-        ),
     }
 
 
 def openai_fields(openai: OpenAI | None) -> dict[str, str]:
     """The template's fields of the OpenAI-compatible API (empty ones without it)."""
     if openai is None:
-        return {"@MODULES@": "", "@OPENAI_HTTP@": "", "@OPENAI@": ""}
-    module = openai.module or find_js_module()
+        return {"@OPENAI_HTTP@": "", "@OPENAI@": "", "@OPENAI_PATHS@": ""}
     ids = " ".join(model for model, _ in openai.models)
     too_large = json.dumps(
         {
@@ -295,7 +307,6 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
     http = [
         "",
         "    # OpenAI's embeddings API (gateway/openai.js): /v1/embeddings and /v1/models.",
-        f'    js_path "{openai.script_dir}";',
         "    js_import openai from openai.js;",
         "    js_var $openai_model;",
         "    map $openai_id $openai_triton {",
@@ -303,6 +314,7 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         '        default "";',
         "    }",
     ]
+    internal = OPENAI_INFER.replace("model_name", "openai_id").replace("(shape|infer)$", "")
     api = [
         "",
         "        # OpenAI's embeddings API: the script turns a call into Triton requests below.",
@@ -318,16 +330,24 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         "            js_content openai.embeddings;",
         "        }",
         "        location @openai_too_large {",
-        "            default_type application/json;",
         f"            return 413 '{too_large}';",
         "        }",
         "        location = /v1/models {",
         f'            set $openai_models "{ids}";',
         "            js_content openai.models;",
         "        }",
-        f'        location ~ "{OPENAI_INFER.replace("model_name", "openai_id")}" {{',
+        # A call's buckets count here, before the script parses its body; nginx counts a
+        # request once, so the Triton requests below are not counted again.
+        f'        location ~ "{internal}shape$" {{',
         "            internal;",
         "@OPENAI_SHAPED@",
+        "            js_content openai.admitted;",
+        "        }",
+        f'        location ~ "{internal}infer$" {{',
+        "            internal;",
+        # proxy_set_header here replaces the server's: the admin key is dropped again.
+        '            proxy_set_header Connection "";',
+        '            proxy_set_header admin-key "";',
         # The script parses the body: no compression (Triton gzips when a client asks).
         '            proxy_set_header Accept-Encoding "";',
         # The whole answer of one Triton request (64 texts of 384 floats and a JSON header).
@@ -336,13 +356,21 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         "        }",
     ]
     return {
-        "@MODULES@": f"load_module {module};",
         "@OPENAI_HTTP@": "\n".join(http),
         "@OPENAI@": "\n".join(api),
+        "@OPENAI_PATHS@": " and /v1 (OpenAI embeddings)",
     }
 
 
-SHAPING_FIELDS = ("@SHAPING@", "@HTTP_SHAPED@", "@GRPC_SHAPED@", "@OPENAI_SHAPED@", "@OPENAI_LOG@")
+SHAPING_FIELDS = (
+    "@SHAPING@",
+    "@HTTP_SHAPED@",
+    "@HTTP_REFUSED@",
+    "@GRPC_SHAPED@",
+    "@GRPC_REFUSED@",
+    "@OPENAI_SHAPED@",
+    "@OPENAI_LOG@",
+)
 
 
 def render(
@@ -351,7 +379,7 @@ def render(
     http_port: int,
     grpc_port: int,
     host: str = "127.0.0.1",
-    workers: int = 1,
+    workers: int | str = "auto",
     max_body: str = "64m",
     max_fails: int = 1,
     fail_timeout: str = "2s",
@@ -360,17 +388,23 @@ def render(
     limits: Limits | None = None,
     shaping_log: str = SHAPING_LOG,
     openai: OpenAI | None = None,
+    js_module: str | None = None,
+    js_dir: str = str(OPENAI_SCRIPT.parent),
+    conns_per_client: int = 64,
+    conns: int = 1024,
+    client_timeout: str = "10s",
 ) -> str:
     """The nginx config for these upstreams (``host:port`` each) and listen ports.
 
     Args:
         http_upstreams: the servers' HTTP endpoints.
         grpc_upstreams: the servers' gRPC endpoints.
-        http_port: where nginx listens for HTTP (``/v2/...`` is proxied as is).
+        http_port: where nginx listens for HTTP (the served part of ``/v2/...``).
         grpc_port: where nginx listens for gRPC (HTTP/2 cleartext).
         host: listen address.
-        workers: nginx worker processes.
-        max_body: ``client_max_body_size``.
+        workers: nginx worker processes (``auto``: one per core).
+        max_body: ``client_max_body_size`` of an inference request; a gRPC one is held in
+            memory whole (gateway/grpc.js reads its model).
         max_fails: failures that take a server out of rotation for ``fail_timeout``.
         fail_timeout: how long a failed server stays out before nginx tries it again.
         user: the ``user`` directive (only meaningful when nginx starts as root).
@@ -379,12 +413,19 @@ def render(
         shaping_log: where nginx writes a JSON line per shaped request (relative paths are
             under nginx's prefix).
         openai: serve OpenAI's embeddings API (/v1/embeddings, /v1/models) too; None: not.
+        js_module: nginx's njs module (``load_module``) where nginx runs; None: found here.
+        js_dir: the folder holding the scripts (``SCRIPTS``), as nginx will see it.
+        conns_per_client: requests at once from one client address (HTTP/2 streams count).
+        conns: requests at once on each listener, from every client together.
+        client_timeout: how long a client may send nothing (headers, body) or read nothing.
 
     Returns:
         The config text.
     """
     fields = {
         "@USER@": f"user {user};" if user else "",
+        "@JS_MODULE@": js_module or find_js_module(),
+        "@JS_DIR@": js_dir,
         "@WORKERS@": str(workers),
         "@MAX_BODY@": max_body,
         "@HTTP_SERVERS@": _servers(http_upstreams, max_fails, fail_timeout),
@@ -394,6 +435,14 @@ def render(
         "@GRPC_PORT@": str(grpc_port),
         # Every server once at most: more tries would only come back to a failed one.
         "@TRIES@": str(max(len(http_upstreams), len(grpc_upstreams))),
+        "@CONNS_PER_CLIENT@": str(conns_per_client),
+        "@CONNS@": str(conns),
+        "@CLIENT_TIMEOUT@": client_timeout,
+        "@SERVED@": "|".join(SERVED),
+        "@SERVED_LIST@": " ".join(SERVED),
+        "@HTTP_INFER@": HTTP_INFER.format(models="|".join(SERVED)),
+        "@OPERATOR_ONLY@": OPERATOR_ONLY,
+        "@UNKNOWN_MODEL@": f"unknown model: this gateway serves {', '.join(SERVED)}",
     }
     fields.update(openai_fields(openai))
     if limits is None:
@@ -444,10 +493,12 @@ class Nginx(ManagedProcess):
         http_port: int = 0,
         grpc_port: int = 0,
         host: str = "127.0.0.1",
-        workers: int = 1,
+        workers: int | str = "auto",
         log_path: Path | None = None,
         limits: Limits | None = None,
         openai: OpenAI | None = None,
+        conns_per_client: int = 64,
+        client_timeout: str = "10s",
     ):
         super().__init__(log_path)
         self.limits = limits
@@ -459,6 +510,8 @@ class Nginx(ManagedProcess):
         self.grpc_port = grpc_port
         self.host = host
         self.workers = workers
+        self.conns_per_client = conns_per_client
+        self.client_timeout = client_timeout
         self.prefix: Path | None = None
 
     @property
@@ -513,6 +566,8 @@ class Nginx(ManagedProcess):
                 user=user,
                 limits=self.limits,
                 openai=self.openai,
+                conns_per_client=self.conns_per_client,
+                client_timeout=self.client_timeout,
             )
         )
 
@@ -556,7 +611,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     r.add_argument("--http-port", type=int, default=8000)
     r.add_argument("--grpc-port", type=int, default=8001)
-    r.add_argument("--workers", type=int, default=1)
+    r.add_argument("--workers", default="auto", help="worker processes (default: one per core)")
+    r.add_argument(
+        "--conns-per-client",
+        type=int,
+        default=64,
+        help="requests at once from one client address (default 64; HTTP/2 streams count)",
+    )
     r.add_argument("--max-body", default="64m", help="client_max_body_size (default 64m)")
     r.add_argument("--user", help="the user directive, for nginx started as root")
     r.add_argument(
@@ -571,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--openai",
         action="store_true",
-        help="serve OpenAI's embeddings API too (/v1/embeddings, /v1/models; needs njs)",
+        help="serve OpenAI's embeddings API too (/v1/embeddings, /v1/models)",
     )
     r.add_argument(
         "--js-module",
@@ -581,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--js-dir",
         default=str(OPENAI_SCRIPT.parent),
-        help=f"the folder where nginx finds {OPENAI_SCRIPT.name} (default: this checkout's)",
+        help=f"the folder where nginx finds {' and '.join(SCRIPTS)} (default: this checkout's)",
     )
     r.add_argument(
         "--shaping-log",
@@ -600,7 +661,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         user=args.user,
         limits=load_limits(args.limits) if args.limits else None,
         shaping_log=args.shaping_log,
-        openai=OpenAI(module=args.js_module, script_dir=args.js_dir) if args.openai else None,
+        openai=OpenAI() if args.openai else None,
+        js_module=args.js_module,
+        js_dir=args.js_dir,
+        conns_per_client=args.conns_per_client,
     )
     if args.check:
         try:

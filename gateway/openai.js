@@ -11,8 +11,9 @@
 //   $openai_models      the model ids, space-separated
 //   $openai_max_inputs  the most texts one call may carry (413 above)
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
-// and the internal location /_openai/<model id>/infer, where the token buckets of
-// limits.toml apply (429 with Retry-After) and which proxies to Triton's HTTP endpoint.
+// and the internal locations /_openai/<model id>/shape, where the token buckets of
+// limits.toml count the call (429 with Retry-After) before its body is parsed, and
+// /_openai/<model id>/infer, which proxies to Triton's HTTP endpoint.
 // Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 const DIMENSIONS = 384;
@@ -224,13 +225,31 @@ function decode(response, count, encoding) {
     return items.map(function (embedding, i) { return {embedding: embedding, tokens: tokens[i]}; });
 }
 
+// The model a call names, found without parsing its body: its buckets count first, so that a
+// tenant over its rate costs no parse. `parse` then checks that the body names the same one.
+function scanModel(r) {
+    const raw = r.requestBuffer;
+    const found = raw === undefined ? null
+        : /"model"\s*:\s*"([A-Za-z0-9_.-]{1,64})"/.exec(raw.toString());
+    return found === null ? '-' : found[1];
+}
+
 async function embeddings(r) {
     try {
         if (r.method !== 'POST') {
             throw new ApiError(405, 'use POST for /v1/embeddings');
         }
+        const named = scanModel(r);
+        // For the buckets and the shaping log: one of the served ids, or none.
+        r.variables.openai_model = modelList(r).indexOf(named) < 0 ? '' : named;
+        const shaped = await r.subrequest(INFER + named + '/shape');
+        if (shaped.status !== 204) {
+            throw tritonError(r, shaped, named);
+        }
         const call = parse(r);
-        r.variables.openai_model = call.model;  // for the shaping log
+        if (call.model !== named) {
+            throw new ApiError(400, "'model' must be given once, as a string", 'model');
+        }
         const size = parseInt(r.variables.openai_chunk);
         const chunks = [];
         for (let i = 0; i < call.texts.length; i += size) {
@@ -267,4 +286,10 @@ async function embeddings(r) {
     }
 }
 
-export default {embeddings: embeddings, models: models};
+// The answer of /_openai/<id>/shape once its buckets admitted the call. A content handler, not
+// `return 204`: `return` answers in nginx's rewrite phase, before limit_req has counted.
+function admitted(r) {
+    r.return(204);
+}
+
+export default {embeddings: embeddings, models: models, admitted: admitted};

@@ -19,6 +19,8 @@ CLASSIFIER = "classifier"
 POSTPROCESS = "postprocess"
 # The same pipeline in one Python step, for the CPU (beside the ensemble, same contract).
 FUSED = "classify_fused"
+# What clients call; the other models are steps of these, which the gateway does not pass on.
+SERVED = (ENSEMBLE, FUSED)
 
 # Tensors, named after what they hold.
 IMAGE = "IMAGE"  # TYPE_STRING [1]: one encoded image (JPEG, PNG, WebP, ...) per batch item

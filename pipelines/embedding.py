@@ -35,6 +35,9 @@ INT8_ENSEMBLE = "embed_int8"
 # The OpenAI-compatible API (gateway/openai.js): its model ids, and the ensemble each one calls,
 # which also answers TOKENS for the usage (model_repository/embed_with_tokens says why not embed).
 OPENAI_MODELS = {ENSEMBLE: "embed_with_tokens", INT8_ENSEMBLE: "embed_int8_with_tokens"}
+# What clients call over Triton's APIs; the other models are steps of these, or the OpenAI
+# API's (which the gateway calls itself), and the gateway does not pass them on.
+SERVED = (ENSEMBLE, INT8_ENSEMBLE, GRAPH_ENSEMBLE, TEXTS_ENSEMBLE)
 
 # Tensors, named after what they hold.
 TEXT = "TEXT"  # TYPE_STRING [1]: one UTF-8 text per batch item

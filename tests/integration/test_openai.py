@@ -227,6 +227,12 @@ def test_a_tenant_over_its_bucket_gets_429_with_retry_after(gateway):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code == 429
+    # The buckets count before the body is parsed: a tenant over its rate costs no parse, so
+    # even a body that is not JSON gets 429 (under its rate it would get 400).
+    request.data = b'{"model": "embed", "input": ["never parsed'
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 429
     # Other tenants are not held back.
     assert sdk(gateway).embeddings.create(model="embed", input="calm").data
 

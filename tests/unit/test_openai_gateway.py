@@ -22,7 +22,7 @@ import yaml
 from gateway import nginx as gw
 from gateway.shaping import load_limits
 from pipelines import embedding as spec
-from tests.helpers import REPO
+from tests.helpers import REPO, limits_with_secret_keys
 
 UPSTREAMS = (["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001)
 IMAGE_MODULE = "/etc/nginx/modules/ngx_http_js_module.so"
@@ -39,30 +39,42 @@ def binary() -> str:
 
 @pytest.mark.parametrize("shaped", [False, True], ids=["plain", "shaped"])
 def test_the_openai_config_passes_nginx_t(binary, shaped):
-    limits = load_limits(gw.LIMITS) if shaped else None
+    limits = load_limits(gw.LIMITS, placeholders=True) if shaped else None
     text = gw.render(*UPSTREAMS, limits=limits, openai=gw.OpenAI())
     gw.check_config(text, binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
     assert f'set $openai_models "{" ".join(spec.OPENAI_MODELS)}";' in text
     for model, ensemble in spec.OPENAI_MODELS.items():
         assert f"{model} {ensemble};" in text
-    # Shaped, the OpenAI call's Triton requests take the tenant's and the model's tokens.
-    assert ("limit_req zone=tenant_team-a" in text.split("internal;")[1]) == shaped
+    # Shaped, the OpenAI call takes the tenant's and the model's tokens before its body is
+    # parsed, at /_openai/<id>/shape.
+    assert 'location ~ "^/_openai/(?<openai_id>[^/]+)/shape$" {' in text
+    assert 'location ~ "^/_openai/(?<openai_id>[^/]+)/infer$" {' in text
+    shape = text.split("internal;")[1].split("}")[0]
+    # Not `return 204`: that answers in the rewrite phase, before limit_req counts.
+    assert "js_content openai.admitted;" in shape and "return" not in shape
+    assert ("limit_req zone=tenant_team-a" in shape) == shaped
+    assert ("limit_req zone=model_embed " in shape) == shaped
     assert ("$bearer" in text) == shaped
 
 
-def test_nginx_t_compiles_the_script_and_refuses_a_broken_one(binary, tmp_path):
-    broken = gw.OPENAI_SCRIPT.read_text().replace("function reply(", "function reply((", 1)
-    (tmp_path / gw.OPENAI_SCRIPT.name).write_text(broken)
-    text = gw.render(*UPSTREAMS, openai=gw.OpenAI(script_dir=str(tmp_path)))
+@pytest.mark.parametrize("script", gw.SCRIPTS)
+def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(binary, tmp_path, script):
+    for name in gw.SCRIPTS:
+        shutil.copy(gw.OPENAI_SCRIPT.with_name(name), tmp_path / name)
+    good = gw.render(*UPSTREAMS, openai=gw.OpenAI(), js_dir=str(tmp_path))
+    gw.check_config(good, binary)
+    broken = (tmp_path / script).read_text().replace("function ", "function (", 1)
+    (tmp_path / script).write_text(broken)
     with pytest.raises(ValueError, match="SyntaxError"):
-        gw.check_config(text, binary)
+        gw.check_config(good, binary)
 
 
-def test_without_openai_there_is_no_njs(binary):
-    text = gw.render(*UPSTREAMS, limits=load_limits(gw.LIMITS))
+def test_without_openai_there_is_no_openai_api(binary):
+    text = gw.render(*UPSTREAMS, limits=load_limits(gw.LIMITS, placeholders=True))
     gw.check_config(text, binary)
-    assert "load_module" not in text and "/v1/" not in text
+    assert "js_import grpc from grpc.js;" in text  # gRPC's model routing, always
+    assert "js_import openai" not in text and "/v1/" not in text
 
 
 # The deployments' render commands, inside a copy of the image's files ----------------------------
@@ -82,13 +94,21 @@ def image_files(root: Path) -> Path:
     return app
 
 
-def run_render(command: str, tmp_path: Path, binary: str) -> None:
-    """Run a deployment's render command here, with its paths moved under ``tmp_path``."""
+def run_render(
+    command: str, tmp_path: Path, binary: str, limits: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run a deployment's render command here, with its paths moved under ``tmp_path``.
+
+    ``limits`` is the file mounted as the limits (default: the committed one with secret keys);
+    a render that succeeds is checked with ``nginx -t``.
+    """
     app = image_files(tmp_path)
     out = tmp_path / "gateway"
     out.mkdir()
+    if limits is None:
+        limits = limits_with_secret_keys(tmp_path / "limits.toml")
     here = {  # in this order: /gateway is also part of the limits' path
-        "/etc/gateway/limits.toml": str(gw.LIMITS),
+        "/etc/gateway/limits.toml": str(limits),
         "/gateway": str(out),
         IMAGE_MODULE: gw.find_js_module(),
         # This environment's Python; `-m` imports from the working directory: the copy.
@@ -102,22 +122,25 @@ def run_render(command: str, tmp_path: Path, binary: str) -> None:
         command = command.replace(old, new)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(["sh", "-c", command], cwd=app, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    if done.returncode != 0:
+        return done
     text = (out / "nginx.conf").read_text()
-    assert (out / "openai.js").read_text() == gw.OPENAI_SCRIPT.read_text()
+    for script in gw.SCRIPTS:
+        assert (out / script).read_text() == gw.OPENAI_SCRIPT.with_name(script).read_text()
     assert f'js_path "{out}";' in text
     assert "limit_req zone=tenant_team-a" in text  # the limits file was read
     gw.check_config(text, binary)
+    return done
 
 
-def test_composes_gateway_config_renders_from_the_image_alone(binary, tmp_path):
+def compose_render() -> str:
     compose = yaml.safe_load((REPO / "docker" / "docker-compose.yml").read_text())
     (command,) = compose["services"]["gateway-config"]["command"]
     assert "--openai" in command and IMAGE_MODULE in command
-    run_render(command, tmp_path, binary)
+    return command
 
 
-def test_the_kubernetes_gateway_renders_from_the_image_alone(binary, tmp_path):
+def kubernetes_render() -> str:
     (deployment,) = [
         doc
         for doc in yaml.safe_load_all((REPO / "docker" / "kubernetes" / "gateway.yaml").read_text())
@@ -126,4 +149,27 @@ def test_the_kubernetes_gateway_renders_from_the_image_alone(binary, tmp_path):
     (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
     (command,) = init["args"]
     assert init["command"] == ["/bin/sh", "-c"] and "--openai" in command
-    run_render(command, tmp_path, binary)
+    # The limits Secret is not optional: without it the pod waits instead of serving unshaped.
+    (limits,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert limits["secret"]["secretName"] == "gateway-limits"
+    assert not limits["secret"].get("optional", False)
+    return command
+
+
+RENDERS = {"compose": compose_render, "kubernetes": kubernetes_render}
+
+
+@pytest.mark.parametrize("where", RENDERS)
+def test_the_deployments_gateway_renders_from_the_image_alone(binary, tmp_path, where):
+    done = run_render(RENDERS[where](), tmp_path, binary)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("where", RENDERS)
+def test_the_deployments_gateway_refuses_the_placeholder_keys_and_no_limits(
+    binary, tmp_path, where
+):
+    done = run_render(RENDERS[where](), tmp_path / "committed", binary, limits=gw.LIMITS)
+    assert done.returncode != 0 and "is the committed placeholder" in done.stderr
+    done = run_render(RENDERS[where](), tmp_path / "none", binary, limits=tmp_path / "absent")
+    assert done.returncode != 0 and "absent" in done.stderr
