@@ -8,12 +8,17 @@ name and labels as ``gateway.router``'s counter (``gateway="nginx"`` here).
 
     python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145
 
-A rotated or truncated log is followed from its start; lines are counted once.
+A rotated or truncated log is followed from its start; lines are counted once. What has been
+counted is given back to the file system (a hole punched in the file, which nginx keeps
+appending to), so the log takes at most about ``RELEASE_BYTES`` of disk however long it runs,
+with no rotation and no line lost to one.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import json
 import logging
 import os
@@ -25,16 +30,46 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from gateway import shaping
+from gateway.nginx import SERVED
+from pipelines import embedding as espec
 
 __all__ = ["ShapingLogExporter", "count_line"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9145
+# Counted lines beyond this many bytes are punched out of the file (Linux fallocate).
+RELEASE_BYTES = 16 << 20
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE: offsets stay as they are
 GATEWAY = "nginx"
+# The model label: a served model, an OpenAI model id, or "" (not named, refused before it
+# was read); anything else is "other", so that no client can add series by naming models.
+MODELS = frozenset((*SERVED, *espec.OPENAI_MODELS, ""))
+OTHER = "other"
 # $limit_req_status → our outcome; DELAYED never happens with `nodelay`, and the dry-run
 # statuses only with limit_req_dry_run, which the rendered config does not use.
 OUTCOMES = {"PASSED": shaping.ADMITTED, "REJECTED": shaping.REFUSED}
+
+
+def release(fd: int, length: int) -> bool:
+    """Free the disk blocks of the first ``length`` bytes of ``fd``; False where it cannot be.
+
+    The file keeps its size and every later byte its offset: nginx appends on as before.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fallocate = getattr(libc, "fallocate", None)
+    if fallocate is None:
+        return False
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    return fallocate(fd, _PUNCH_HOLE, 0, length) == 0
+
+
+def _first_data(fd: int, size: int) -> int:
+    """Where the file's data starts after the stretches ``release`` gave back."""
+    try:
+        return os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as exc:  # ENXIO: holes only; otherwise a file system that cannot tell
+        return size if exc.errno == errno.ENXIO else 0
 
 
 def make_counter(registry: CollectorRegistry) -> Counter:
@@ -47,7 +82,8 @@ def count_line(counter: Counter, line: str) -> bool:
     try:
         entry = json.loads(line)
         outcome = OUTCOMES[entry["limit"]]
-        labels = (GATEWAY, entry["tenant"], entry["model"], entry["protocol"], outcome)
+        model = entry["model"] if entry["model"] in MODELS else OTHER
+        labels = (GATEWAY, entry["tenant"], model, entry["protocol"], outcome)
     except (ValueError, KeyError, TypeError):
         return False
     counter.labels(*labels).inc()
@@ -62,6 +98,8 @@ class ShapingLogExporter:
         registry: where the counter lives (a new one by default).
         interval: seconds between looks at the file.
         from_start: count what the file already holds (else only lines written later).
+        release_bytes: once this many counted bytes are on disk, free them (``release``);
+            0 never does (a file this process may not write).
     """
 
     def __init__(
@@ -70,7 +108,10 @@ class ShapingLogExporter:
         registry: CollectorRegistry | None = None,
         interval: float = 0.2,
         from_start: bool = True,
+        release_bytes: int = RELEASE_BYTES,
     ):
+        self.release_bytes = release_bytes
+        self._released = 0
         self.path = Path(path)
         self.registry = registry or CollectorRegistry()
         self.counter = make_counter(self.registry)
@@ -100,11 +141,17 @@ class ShapingLogExporter:
             first = self._inode is None and self._offset is not None
             self._inode, self._partial = stat.st_ino, b""
             if not first:
-                self._offset = 0
+                self._offset, self._released = 0, 0
         with self.path.open("rb") as f:
-            f.seek(self._offset or 0)
-            data = self._partial + f.read()
+            if not self._offset:
+                self._offset = _first_data(f.fileno(), stat.st_size)
+            f.seek(self._offset)
+            fresh = f.read()
             self._offset = f.tell()
+        if not self._partial:
+            # At a line's start: a released stretch reads as NULs up to the next line.
+            fresh = fresh.lstrip(b"\0")
+        data = self._partial + fresh
         *lines, self._partial = data.split(b"\n")
         counted = 0
         for line in lines:
@@ -112,7 +159,22 @@ class ShapingLogExporter:
                 counted += 1
             elif line.strip():
                 self.skipped += 1
+        self._release(self._offset - len(self._partial))
         return counted
+
+    def _release(self, counted_to: int) -> None:
+        if not self.release_bytes or counted_to - self._released < self.release_bytes:
+            return
+        try:
+            with self.path.open("r+b") as f:
+                done = release(f.fileno(), counted_to)
+        except OSError as exc:
+            done = False
+            log.warning("cannot give %s back to the disk: %s", self.path, exc)
+        if done:
+            self._released = counted_to
+        else:  # a read-only file, or a file system without holes: the log just grows
+            self.release_bytes = 0
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -11,8 +11,10 @@ So a tenant that sends faster than its rate is admitted ``capacity`` requests at
 ``rate`` a second, whatever it sends. nginx's ``limit_req zone=... burst=B nodelay`` is the
 same bucket with ``capacity = B + 1``.
 
-Tenants are told apart by an API key in a header (``X-Api-Key``; gRPC metadata ``x-api-key``).
-Requests without a known key belong to the ``anonymous`` tenant, which has a bucket of its own.
+Tenants are told apart by an API key in a header (``X-Api-Key``; gRPC metadata ``x-api-key``),
+compared exactly. Requests without a known key belong to the ``anonymous`` tenant, which has a
+bucket of its own. The committed file's keys are placeholders: a gateway refuses to start with
+them (``parse_limits``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ REFUSED = "refused"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # Keys are written into nginx's config inside double quotes.
 KEY = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{8,256}$")
+# The committed limits.toml names its keys "<tenant>-change-me": never a deployment's key.
+PLACEHOLDER = "change-me"
+NEW_KEY_HINT = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,11 @@ class Limits:
     header: str = DEFAULT_HEADER
 
     def tenant_of(self, headers: Mapping[str, str] | None) -> str:
-        """The tenant whose key is in ``headers`` (names compared case-insensitively)."""
+        """The tenant whose key is in ``headers``.
+
+        The header's name is compared ignoring case (as HTTP does), its value exactly (as the
+        nginx config does).
+        """
         wanted = self.header.lower()
         for name, value in (headers or {}).items():
             if name.lower() == wanted:
@@ -128,8 +137,13 @@ def _name(name: str, where: str) -> str:
     return name
 
 
-def parse_limits(data: Mapping[str, object]) -> Limits:
+def parse_limits(data: Mapping[str, object], placeholders: bool = False) -> Limits:
     """Limits from the parsed TOML document.
+
+    Args:
+        data: the document.
+        placeholders: take keys with ``PLACEHOLDER`` in them (the committed file's); a gateway
+            that serves never does, so that it cannot start with keys anyone can read.
 
     Raises:
         ValueError: a missing, unknown or invalid setting; the message names it.
@@ -158,6 +172,11 @@ def parse_limits(data: Mapping[str, object]) -> Limits:
                     f"{where}: a key must be 8-256 printable ASCII characters without quotes, "
                     "backslashes or spaces"
                 )
+            if PLACEHOLDER in key and not placeholders:
+                raise ValueError(
+                    f"{where}: {key!r} is the committed placeholder, which anyone can read: "
+                    f"give the tenant a secret key of its own (e.g. {NEW_KEY_HINT})"
+                )
             if key in keys:
                 raise ValueError(f"{where}: key is also a key of tenant {keys[key]!r}")
             keys[key] = name
@@ -169,8 +188,8 @@ def parse_limits(data: Mapping[str, object]) -> Limits:
     return Limits(tenants, keys, models, header)
 
 
-def load_limits(path: str | Path) -> Limits:
-    """Read and check the limits file (TOML).
+def load_limits(path: str | Path, placeholders: bool = False) -> Limits:
+    """Read and check the limits file (TOML); ``placeholders`` as in :func:`parse_limits`.
 
     Raises:
         ValueError: the file is not valid TOML or a setting is wrong (the message says which).
@@ -180,7 +199,7 @@ def load_limits(path: str | Path) -> Limits:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: {exc}") from None
     try:
-        return parse_limits(data)
+        return parse_limits(data, placeholders)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 

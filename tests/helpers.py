@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -136,3 +137,18 @@ def value(samples: dict, name: str, **labels: str) -> float:
 def change(before: dict, after: dict, name: str, **labels: str) -> float:
     """How much one series moved between two scrapes."""
     return value(after, name, **labels) - value(before, name, **labels)
+
+
+def limits_with_secret_keys(path: Path) -> Path:
+    """docker/nginx/limits.toml written to ``path`` with a real secret for each placeholder key.
+
+    A gateway refuses the committed placeholders; a deployment puts its own keys in a copy.
+    """
+    from gateway import shaping
+    from gateway.nginx import LIMITS
+
+    text = LIMITS.read_text()
+    for placeholder in sorted(set(re.findall(rf'"([^"]*{shaping.PLACEHOLDER})"', text))):
+        text = text.replace(f'"{placeholder}"', f'"{secrets.token_urlsafe(24)}"')
+    path.write_text(text)
+    return path

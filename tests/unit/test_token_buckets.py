@@ -14,6 +14,7 @@ from gateway import shaping
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx import LIMITS, check_config, find_nginx, render
 from gateway.router import RateLimited, Router, is_retryable
+from tests.helpers import limits_with_secret_keys
 
 SECTIONS = {
     "anonymous": {"rate": 1, "capacity": 2},
@@ -43,9 +44,17 @@ def admitted(shaper: shaping.Shaper, tenant: str, model: str, n: int) -> int:
 
 
 def test_the_repository_limits_file_loads_and_names_every_tenant():
-    limits = shaping.load_limits(LIMITS)
+    limits = shaping.load_limits(LIMITS, placeholders=True)
     assert shaping.ANONYMOUS in limits.tenants and len(limits.tenants) >= 2
     assert set(limits.keys.values()) <= set(limits.tenants)
+
+
+def test_a_gateway_refuses_the_committed_placeholder_keys(tmp_path):
+    with pytest.raises(ValueError, match="team-a-change-me' is the committed placeholder"):
+        shaping.load_limits(LIMITS)
+    secret = shaping.load_limits(limits_with_secret_keys(tmp_path / "limits.toml"))
+    assert set(secret.keys.values()) == {"team-a", "team-b"}
+    assert not any(shaping.PLACEHOLDER in key for key in secret.keys)
 
 
 def test_a_full_bucket_admits_its_capacity_at_once_then_its_rate(clock):
@@ -99,10 +108,11 @@ def test_retry_after_is_the_wait_for_a_token_rounded_up(clock):
     assert shaper.admit("b", "classify").admitted
 
 
-def test_tenants_are_found_by_their_key_header_case_insensitively():
+def test_tenants_are_found_by_their_key_header_case_insensitively_and_the_key_exactly():
     limits = shaping.parse_limits(SECTIONS)
     assert limits.tenant_of({"x-api-key": "key-of-a-2"}) == "a"
     assert limits.tenant_of({"X-API-KEY": "key-of-b-1"}) == "b"
+    assert limits.tenant_of({"X-Api-Key": "KEY-OF-B-1"}) == shaping.ANONYMOUS
     assert limits.tenant_of({"X-Api-Key": "not-a-known-key"}) == shaping.ANONYMOUS
     assert limits.tenant_of(None) == shaping.ANONYMOUS
 
@@ -146,7 +156,7 @@ def test_rendered_limits_are_nginx_buckets_with_capacity_minus_one_burst():
     assert "limit_req zone=tenant_b nodelay;" in text  # capacity 1: no burst
     assert "limit_req zone=tenant_a burst=9 nodelay;" in text
     assert "limit_req zone=model_embed burst=2 nodelay;" in text
-    assert '"key-of-a-2" a;' in text
+    assert r'"~^key\\x2dof\\x2da\\x2d2$" a;' in text  # exactly, not ignoring case
     assert '"b embed" 2;' in text  # Retry-After: the slower of the two buckets
     assert render(["h:1"], ["h:2"], 8000, 8001).count("limit_req") == 0
 
@@ -156,7 +166,7 @@ def test_the_rendered_shaping_config_passes_nginx_t():
         nginx = find_nginx()
     except FileNotFoundError as exc:
         pytest.fail(f"{exc} (`make test` installs it: `make tools`)")
-    limits = shaping.load_limits(LIMITS)
+    limits = shaping.load_limits(LIMITS, placeholders=True)
     check_config(render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits), nginx)
     # And nginx -t is a check that fails: a zone used twice with different rates.
     broken = render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits)
@@ -210,6 +220,41 @@ def test_the_exporter_follows_a_rotated_and_a_truncated_log(tmp_path):
     log.write_text(line("b", "PASSED"))
     assert exporter.poll() == 1
     assert count(exporter, "a", "refused") == 1 and count(exporter, "b", "admitted") == 1
+
+
+def test_the_exporter_gives_counted_lines_back_to_the_disk_and_loses_none(tmp_path):
+    log = tmp_path / "shaping.log"
+    one = line("a", "PASSED")
+    exporter = ShapingLogExporter(log, release_bytes=64 * 1024)
+    with log.open("ab") as writer:  # nginx's file: opened once, appended to
+        for _ in range(8):
+            writer.write((one * 2000).encode())
+            writer.flush()
+            exporter.poll()
+    size, on_disk = log.stat().st_size, log.stat().st_blocks * 512
+    assert size == 8 * 2000 * len(one)
+    assert on_disk < 2 * exporter.release_bytes + 2000 * len(one)
+    assert count(exporter, "a", "admitted") == 8 * 2000
+    # Lines it has not counted yet are kept: a restarted exporter starts where the data does
+    # and counts each of them once.
+    with log.open("ab") as writer:
+        writer.write((one * 300).encode())
+    again = ShapingLogExporter(log, release_bytes=0)
+    assert again.poll() == 300 and again.skipped == 0
+
+
+def test_the_exporter_keeps_unknown_models_out_of_its_labels(tmp_path):
+    log = tmp_path / "shaping.log"
+    log.write_text(line("a", "PASSED", model="tokenize") + line("a", "PASSED", model="x" * 99))
+    exporter = ShapingLogExporter(log)
+    assert exporter.poll() == 2
+    other = {"gateway": "nginx", "tenant": "a", "model": "other", "protocol": "http"}
+    assert (
+        exporter.registry.get_sample_value(
+            f"{shaping.METRIC}_total", {**other, "outcome": "admitted"}
+        )
+        == 2
+    )
 
 
 def test_the_exporter_can_skip_what_the_log_already_holds(tmp_path):
