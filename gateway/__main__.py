@@ -1,11 +1,13 @@
 """``python -m gateway serve``: tritonserver with the gateway in front, in the foreground.
 
-The launcher's server (``python -m server``: every option after ``serve`` is its own) with nginx
-in front of it: Triton's HTTP and gRPC APIs through the gateway, and OpenAI's embeddings API
-(``POST /v1/embeddings``, ``GET /v1/models``) beside them. ``make serve GATEWAY=1`` runs it.
+The launcher's server (``python -m server``: every other option after ``serve`` is its own) with
+nginx in front of it: the served part of Triton's HTTP and gRPC APIs through the gateway, and
+OpenAI's embeddings API (``POST /v1/embeddings``, ``GET /v1/models``) beside them. ``--host`` is
+where the gateway listens; Triton listens on loopback only. ``make serve GATEWAY=1`` runs it.
 
 Examples:
     python -m gateway serve                                 # gateway on 8080 (HTTP) and 8081 (gRPC)
+    python -m gateway serve --host 0.0.0.0 --limits my-limits.toml   # for other machines
     python -m gateway serve --limits docker/nginx/limits.toml --gateway-port 9000
     OPENAI_BASE_URL=http://127.0.0.1:8080/v1 python my_rag_app.py
 
@@ -41,6 +43,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "serve",
         help="tritonserver with the gateway in front (other options: python -m server --help)",
     )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the gateway's address (default: loopback only); Triton stays on loopback",
+    )
     serve.add_argument("--gateway-port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP")
     serve.add_argument("--gateway-grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC")
     serve.add_argument(
@@ -61,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    host = launcher.parse_args(rest).host
+    # --host is the gateway's: the launcher's stays at its default, loopback, so that clients
+    # reach Triton through the gateway only.
 
     def front(server) -> tuple[Nginx, Callable[[], str]]:
         nginx = Nginx(
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             [server.grpc_url],
             http_port=args.gateway_port,
             grpc_port=args.gateway_grpc_port,
-            host=host,
+            host=args.host,
             limits=limits,
             openai=OpenAI(),
         )

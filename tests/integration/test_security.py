@@ -10,7 +10,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -26,7 +31,8 @@ from client.embed import EmbedClient
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
-from server.launcher import ADMIN_APIS
+from server.launcher import ADMIN_APIS, MODEL_REPOSITORY, free_port
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -259,6 +265,55 @@ def test_a_server_told_to_listens_everywhere(explicit_server):
         outward = outward_address()
         if outward:
             assert reachable(outward, port)
+
+
+def test_the_gateway_told_to_listen_everywhere_keeps_triton_on_loopback(tmp_path):
+    """``python -m gateway serve --host 0.0.0.0``: the gateway is for other machines, Triton not."""
+    repo = tmp_path / "models"
+    shutil.copytree(MODEL_REPOSITORY / SMALL_MODEL, repo / SMALL_MODEL)
+    gateway = {"--gateway-port": free_port(), "--gateway-grpc-port": free_port()}
+    triton = {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port()}
+    argv = [sys.executable, "-m", "gateway", "serve", "--host", "0.0.0.0"]
+    argv += [f"{flag}={port}" for flag, port in {**gateway, **triton}.items()]
+    argv += ["--model-repository", str(repo), "--", "--exit-timeout-secs=3"]
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any("Ctrl-C stops it" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "no banner:\n" + "".join(lines)
+            lines.append(line)
+        for port in gateway.values():
+            assert listening(port) == {"0.0.0.0"}
+        for port in triton.values():
+            assert listening(port) == {"127.0.0.1"}
+            assert reachable("127.0.0.1", port)  # the control: it is up, on loopback
+        outward = outward_address()
+        if outward:
+            for port in gateway.values():
+                assert reachable(outward, port), f"gateway {outward}:{port} does not answer"
+            for port in triton.values():
+                assert not reachable(outward, port), f"Triton {outward}:{port} answers"
+            status, _ = http_call_at(f"{outward}:{gateway['--gateway-port']}", "/v2/health/ready")
+            assert status == 200
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def http_call_at(address: str, path: str) -> tuple[int, str]:
+    """(status, body) of a GET to ``http://address/path``."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 # Oversize requests -----------------------------------------------------------------------------

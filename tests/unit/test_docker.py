@@ -45,6 +45,7 @@ BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 # nvidia-pytriton 0.7.0 wheel that `make test` runs and of tritonclient 2.51.0.
 NGC_TRITON_VERSION = {"24.10": "2.51.0"}
 TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+OPERATOR_FILE = "docker-compose.operator.yml"
 ENGINE_CACHE = "/engines"
 ENTRYPOINT_MODULE = ["python3", "-m", "server.container"]
 # Pins that may differ from requirements.txt, and why (the container has Python 3.10).
@@ -617,13 +618,21 @@ def compose_binary() -> str:
     return str(binary)
 
 
-def compose(*args: str, file: Path = COMPOSE) -> subprocess.CompletedProcess:
+# The one variable without a default: Grafana refuses to start on admin/admin.
+REQUIRED = {"GRAFANA_ADMIN_PASSWORD": "a-password-of-the-test"}
+
+
+def compose(
+    *args: str, file: Path = COMPOSE, extra: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Docker Compose's own loader and validator (config); no Docker engine needed."""
-    env = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARIABLES}
+    environ = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARIABLES}
+    environ.update(REQUIRED if env is None else env)
+    files = ["-f", str(file), *(["-f", str(extra)] if extra else [])]
     return subprocess.run(
-        [compose_binary(), "-f", str(file), *args],
+        [compose_binary(), *files, *args],
         cwd=REPO,
-        env=env,
+        env=environ,
         capture_output=True,
         text=True,
         timeout=60,
@@ -653,8 +662,7 @@ def test_triton_service_contract(stack):
     triton = stack["services"]["triton"]
     assert triton["build"]["context"] == str(REPO)
     assert triton["build"]["dockerfile"] == "docker/Dockerfile"
-    ports = {(int(p["published"]), p["target"]) for p in triton["ports"]}
-    assert ports == {(port, port) for port in TRITON_PORTS.values()}
+    assert "ports" not in triton, "Triton is reached through the gateway only"
     assert int(triton["shm_size"]) >= 1 << 30
     assert triton["ulimits"] == {"memlock": -1, "stack": 67108864}
     (engines,) = [v for v in triton["volumes"] if v["target"] == ENGINE_CACHE]
@@ -668,6 +676,33 @@ def test_triton_service_contract(stack):
     health = triton["healthcheck"]
     assert f"http://localhost:{TRITON_PORTS['http']}/v2/health/ready" in " ".join(health["test"])
     assert health["start_period"].endswith("m0s") and int(health["start_period"][:-3]) >= 10
+
+
+def published(service: dict) -> set[tuple[str, int]]:
+    """(host address, host port) of each port a service publishes; "" is every address."""
+    return {(p.get("host_ip", ""), int(p["published"])) for p in service.get("ports", [])}
+
+
+def test_only_the_gateway_and_grafana_are_published_beyond_this_host(stack):
+    exposed = {
+        name: ports
+        for name, service in stack["services"].items()
+        if (ports := {port for host, port in published(service) if host != "127.0.0.1"})
+    }
+    assert exposed == {"gateway": {8080, 8081}, "grafana": {3000}}
+    assert published(stack["services"]["prometheus"]) == {("127.0.0.1", 9090)}
+
+
+def test_the_operator_file_binds_tritons_ports_to_loopback_only():
+    result = compose("config", "--format", "json", extra=COMPOSE.with_name(OPERATOR_FILE))
+    assert result.returncode == 0, result.stderr
+    triton = json.loads(result.stdout)["services"]["triton"]
+    assert published(triton) == {("127.0.0.1", port) for port in TRITON_PORTS.values()}
+
+
+def test_grafana_will_not_start_on_its_default_password():
+    result = compose("config", "--quiet", env={})
+    assert result.returncode != 0 and "set GRAFANA_ADMIN_PASSWORD" in result.stderr
 
 
 def test_prometheus_and_grafana_get_their_configuration(stack):

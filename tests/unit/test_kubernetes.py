@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,143 @@ def test_admin_key_comes_from_an_optional_secret(container):
     ref = key["valueFrom"]["secretKeyRef"]
     # Optional: without the Secret the pod starts and the admin endpoints stay closed.
     assert ref["optional"] is True and ref["name"] and ref["key"]
+
+
+# NetworkPolicy: who may reach what -----------------------------------------------------------
+# A pod as the policies see it: its namespace's labels, its own labels. Namespaces carry
+# kubernetes.io/metadata.name (set by Kubernetes itself since 1.22).
+Pod = tuple[dict[str, str], dict[str, str]]
+PROMETHEUS_NS = {"kubernetes.io/metadata.name": "monitoring"}
+TRITON_NS = {"kubernetes.io/metadata.name": "triton"}
+
+
+def pod_of(kind: str, name: str) -> Pod:
+    """A pod of one of our Deployments, in the triton namespace."""
+    return TRITON_NS, resource(kind, name)["spec"]["template"]["metadata"]["labels"]
+
+
+PROMETHEUS: Pod = (PROMETHEUS_NS, {"app.kubernetes.io/name": "prometheus"})
+# Pods that must reach nothing of ours: another app in our namespace, anything elsewhere, and
+# something in the monitoring namespace that is not Prometheus.
+STRANGERS: dict[str, Pod] = {
+    "same-namespace": (TRITON_NS, {"app": "debug-shell"}),
+    "other-namespace": ({"kubernetes.io/metadata.name": "default"}, {"app": "web"}),
+    "monitoring-not-prometheus": (PROMETHEUS_NS, {"app.kubernetes.io/name": "grafana"}),
+    "prometheus-elsewhere": (TRITON_NS, {"app.kubernetes.io/name": "prometheus"}),
+}
+
+
+def port_names(pod_labels: dict[str, str]) -> dict[str, int]:
+    """name → number of every container port of the Deployment whose pods carry these labels."""
+    (deployment,) = [
+        doc
+        for path in MANIFESTS
+        for doc in load(path)
+        if doc["kind"] == "Deployment"
+        and doc["spec"]["template"]["metadata"]["labels"] == pod_labels
+    ]
+    return {
+        p["name"]: p["containerPort"]
+        for c in deployment["spec"]["template"]["spec"]["containers"]
+        for p in c.get("ports", [])
+        if "name" in p
+    }
+
+
+def policies() -> list[dict]:
+    return load(KUBERNETES / "network-policy.yaml")
+
+
+def peer_matches(peer: dict, source: Pod) -> bool:
+    namespace, labels = source
+    ns_selector = peer.get("namespaceSelector")
+    pod_selector = peer.get("podSelector")
+    # No namespaceSelector: the policy's own namespace (all of ours are in `triton`).
+    ns_ok = (
+        namespace == TRITON_NS
+        if ns_selector is None
+        else selects(ns_selector.get("matchLabels", {}), namespace)
+    )
+    pod_ok = pod_selector is None or selects(pod_selector.get("matchLabels", {}), labels)
+    return ns_ok and pod_ok
+
+
+def allowed(source: Pod, target: Pod, port: int) -> bool:
+    """Whether the NetworkPolicies let ``source`` open a TCP connection to ``target``:``port``.
+
+    Kubernetes' rules: a pod no policy selects takes everything; a selected pod takes what
+    any rule of any policy selecting it allows (from: any peer, ports: any listed).
+    """
+    names = port_names(target[1])
+    selecting = [
+        doc for doc in policies() if selects(doc["spec"]["podSelector"]["matchLabels"], target[1])
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for rule in policy["spec"].get("ingress", []):
+            peers = rule.get("from")
+            ports = [names.get(p["port"], p["port"]) for p in rule.get("ports", [])]
+            if (peers is None or any(peer_matches(p, source) for p in peers)) and (
+                not ports or port in ports
+            ):
+                return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def pods() -> dict[str, Pod]:
+    return {
+        "triton": pod_of("Deployment", "triton"),
+        "gateway": pod_of("Deployment", "gateway"),
+        "redis": pod_of("Deployment", "embed-cache"),
+    }
+
+
+def test_every_pod_of_ours_is_selected_by_a_policy_and_every_named_port_exists(pods):
+    for name, (_, labels) in pods.items():
+        selecting = [
+            doc for doc in policies() if selects(doc["spec"]["podSelector"]["matchLabels"], labels)
+        ]
+        assert len(selecting) == 1, name
+        for rule in selecting[0]["spec"]["ingress"]:
+            for port in rule["ports"]:
+                assert isinstance(port["port"], int) or port["port"] in port_names(labels)
+
+
+def test_only_the_gateway_and_prometheus_reach_triton(pods):
+    triton = pods["triton"]
+    for port in (HTTP, GRPC):
+        assert allowed(pods["gateway"], triton, port)
+        assert not allowed(PROMETHEUS, triton, port)
+    assert allowed(PROMETHEUS, triton, METRICS)
+    assert not allowed(pods["gateway"], triton, METRICS)
+    for name, stranger in {**STRANGERS, "redis": pods["redis"]}.items():
+        for port in (HTTP, GRPC, METRICS):
+            assert not allowed(stranger, triton, port), (name, port)
+
+
+def test_only_triton_reaches_the_embed_cache(pods):
+    assert allowed(pods["triton"], pods["redis"], 6379)
+    for name, stranger in {**STRANGERS, "gateway": pods["gateway"], "p": PROMETHEUS}.items():
+        assert not allowed(stranger, pods["redis"], 6379), name
+
+
+def test_anyone_reaches_the_gateway_and_only_prometheus_its_counts(pods):
+    gateway = pods["gateway"]
+    ports = port_names(gateway[1])
+    for stranger in STRANGERS.values():
+        assert allowed(stranger, gateway, ports["http"]) and allowed(
+            stranger, gateway, ports["grpc"]
+        )
+        assert not allowed(stranger, gateway, ports["metrics"])
+    assert allowed(PROMETHEUS, gateway, ports["metrics"])
+
+
+def test_the_policy_check_fails_on_an_open_policy(pods, monkeypatch):
+    # Guards the tests above: a rule without `from` admits every pod, and they must see it.
+    opened = policies()
+    opened[0]["spec"]["ingress"][0].pop("from")
+    monkeypatch.setattr(sys.modules[__name__], "policies", lambda: opened)
+    assert allowed(STRANGERS["other-namespace"], pods["triton"], HTTP)
