@@ -260,7 +260,7 @@ def test_tensorrt_bindings_follow_the_images_own_tensorrt_and_cuda(
 def test_image_copies_the_application_and_its_requirements(dockerfile):
     sources = {args.split()[0].rstrip("/") for args in instruction(dockerfile, "COPY")}
     assert sources == {
-        "docker/requirements.txt",
+        "docker/requirements.lock",
         "pyproject.toml",
         "pipelines",
         "server",
@@ -313,7 +313,7 @@ def in_build_context(path: str) -> bool:
     "path",
     [
         "pyproject.toml",
-        "docker/requirements.txt",
+        "docker/requirements.lock",
         "pipelines/image.py",
         "server/launcher.py",
         "gateway/nginx.py",
@@ -930,3 +930,55 @@ def test_the_servers_share_the_stacks_redis_which_needs_a_password(stack):
         capture_output=True, text=True, timeout=10,
     )  # fmt: skip
     assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr
+
+
+# --- the hash lock -----------------------------------------------------------------------------
+def lock_module():
+    """docker/lock.py (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("docker_lock", DOCKER / "lock.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_lock_holds_every_pin_with_its_hashes_and_the_image_requires_them(dockerfile):
+    lock = lock_module()
+    locked = lock.locked((DOCKER / "requirements.lock").read_text())
+    source = dict(lock.pins(CONTAINER_REQUIREMENTS.read_text()))
+    # `python docker/lock.py` after a pin changes: the lock follows requirements.txt exactly.
+    assert {name: version for name, (version, _) in locked.items()} == source
+    for name, (_, digests) in locked.items():
+        assert digests and all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests), name
+    (run,) = [r for r in instruction(dockerfile, "RUN") if "requirements.lock" in r]
+    assert "--require-hashes" in run and "--no-deps" in run
+
+
+def test_the_lock_takes_the_files_pip_may_pick_for_the_image():
+    lock = lock_module()
+
+    def entry(filename: str, digest: str = "a" * 64) -> dict:
+        return {"filename": filename, "hashes": {"sha256": digest}}
+
+    files = [
+        entry("grpcio-1.0-cp310-cp310-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "1" * 64),
+        entry("grpcio-1.0-cp310-cp310-manylinux_2_28_x86_64.whl", "2" * 64),
+        entry("grpcio-1.0-cp311-cp311-manylinux_2_17_x86_64.whl"),  # another Python
+        entry("grpcio-1.0-cp310-cp310-manylinux_2_39_x86_64.whl"),  # newer glibc than 22.04's
+        entry("grpcio-1.0-cp310-cp310-musllinux_1_1_x86_64.whl"),
+        entry("grpcio-1.0-cp310-cp310-macosx_11_0_arm64.whl"),
+        entry("grpcio-1.0-cp310-cp310-win_amd64.whl"),
+        entry("grpcio-1.1-cp310-cp310-manylinux_2_17_x86_64.whl"),  # another version
+        entry("grpcio-1.0.tar.gz", "3" * 64),  # only where no wheel fits
+    ]
+    tags = lock.target_tags()
+    assert lock.hashes("grpcio", "1.0", files, tags) == ["1" * 64, "2" * 64]
+    assert lock.hashes("grpcio", "1.0", [files[2], files[-1]], tags) == ["3" * 64]
+    with pytest.raises(LookupError, match="no sha256"):
+        lock.hashes("grpcio", "1.0", [{"filename": files[0]["filename"], "hashes": {}}], tags)
+    with pytest.raises(LookupError, match="no file"):
+        lock.hashes("grpcio", "1.0", files[2:4], tags)
+    text = lock.render([("grpcio", "1.0", ["1" * 64, "2" * 64]), ("numpy", "1.26.4", ["4" * 64])])
+    assert lock.locked(text) == {
+        "grpcio": ("1.0", ["1" * 64, "2" * 64]),
+        "numpy": ("1.26.4", ["4" * 64]),
+    }
