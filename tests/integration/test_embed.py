@@ -132,7 +132,10 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, model, 
     assert message is not None and expected in message
     with EmbedClient(url(server, protocol), protocol, model=model) as client:
         client.check_ready()
-        assert client.embed(["still fine"]).shape == (1, spec.HIDDEN_SIZE)
+        # A text never sent before: the response cache cannot answer it, so it runs through
+        # the steps the bad request went through (a stub it killed would fail it).
+        fine = f"still fine after {model} {protocol} {case}"
+        assert client.embed([fine]).shape == (1, spec.HIDDEN_SIZE)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -163,26 +166,34 @@ def text_step(server) -> str:
     return config.ensemble_scheduling.step[0].model_name
 
 
+_bursts = itertools.count()  # shared by both protocols' runs: their texts differ too
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
     # Short sentences, a bad text and passages of several lengths, each its own request: they
     # share formed batches, and each answer must be its own text's vector.
     passage = " ".join(text_samples.SENTENCES[:6])
-    plan = [
-        ["A man is eating food."],
-        [b"\xff\xfe"],
-        [passage],
-        ["A monkey is playing drums."],
-        [text_samples.LONG_TEXT],
-        [f"{passage} {passage}"],
-    ] * 4
-    bursts = itertools.count()
+    kinds = [
+        "A man is eating food.",
+        None,  # not UTF-8
+        passage,
+        "A monkey is playing drums.",
+        text_samples.LONG_TEXT,
+        f"{passage} {passage}",
+    ]
 
-    async def burst():
-        # Long passages go first, new ones each burst (the response cache must not answer
-        # them): while the step's one instance encodes them, the burst queues behind it and
-        # the batcher joins what queued, however slowly a busy client sends.
-        n = next(bursts)
+    def plan_of(n: int) -> list[list]:
+        # Every text new in every burst, over both protocols' runs: a response-cache hit
+        # skips the step, and fewer executions would then pass for batching.
+        return [
+            [b"\xff\xfe" if kind is None else f"{kind} (burst {n}, request {i})"]
+            for i, kind in enumerate(kinds * 4)
+        ]
+
+    async def burst(n: int, plan: list[list]):
+        # Long passages go first: while the step's one instance encodes them, the burst queues
+        # behind it and the batcher joins what queued, however slowly a busy client sends.
         blocker = [f"{text_samples.LONG_TEXT} (burst {n}, passage {i})" for i in range(16)]
         async with AsyncEmbedClient(url(server, protocol), protocol) as client:
             return await asyncio.gather(
@@ -192,8 +203,10 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
     step = text_step(server)
 
     def burst_checked() -> int:
+        n = next(_bursts)
+        plan = plan_of(n)
         before = embed_stats(server, step, "1")
-        first, *results = asyncio.run(burst())
+        first, *results = asyncio.run(burst(n, plan))
         after = embed_stats(server, step, "1")
         assert not isinstance(first, BaseException) and len(first) == 16, first
         for request, result in zip(plan, results, strict=True):
@@ -203,7 +216,9 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
                 assert cosines(result, reference(request)).min() >= SERVED_MIN_COSINE
         return after["execution_count"] - before["execution_count"]
 
-    assert batched_in_some_burst(burst_checked, 1 + len(plan)), "never batched with the bad ones"
+    assert batched_in_some_burst(burst_checked, 1 + 4 * len(kinds)), (
+        "never batched with the bad ones"
+    )
 
 
 def test_cli_embeds_arguments_and_files(server, tmp_path):

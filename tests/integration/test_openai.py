@@ -11,6 +11,7 @@ vector is compared with what ``embed`` answers for the same text.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import os
@@ -361,9 +362,15 @@ def test_langchain_openai_embeddings_through_the_gateway(server, gateway):
 
 
 def test_1d_requests_are_batched_with_each_other(server):
+    bursts = itertools.count()
+
     def burst() -> int:
+        # New texts in every burst: a response-cache hit skips the step, and fewer executions
+        # would then pass for batching.
+        n = next(bursts)
+
         def one(i: int) -> None:
-            texts = [f"burst text {i} a", f"burst text {i} b"]
+            texts = [f"burst {n} text {i} a", f"burst {n} text {i} b"]
             with httpclient.InferenceServerClient(server.http_url) as client:
                 tensor = httpclient.InferInput(spec.TEXTS, [2], "BYTES")
                 tensor.set_data_from_numpy(np.array(texts, dtype=np.object_))
