@@ -1,20 +1,23 @@
 // The model of a gRPC request, read where nginx alone cannot see it: inside the body.
 //
 // ModelInfer, ModelReady and ModelMetadata each name their model in field 1 of their message
-// (model_name / name), which every protobuf encoder writes first. nginx buffers the body whole
-// (client_body_buffer_size = client_max_body_size in that location), this script reads the
-// field from the first gRPC message, and sends the request on by an internal redirect, which
-// keeps the buffered body for grpc_pass:
+// (model_name / name), which every protobuf encoder writes first. nginx writes the body to a
+// file as it arrives (client_body_in_file_only, so a stream costs its small buffer, not its
+// size, in memory), this script reads the field from the file's first bytes, and sends the
+// request on by an internal redirect, which keeps the body for grpc_pass:
 //   @grpc_infer   a served model's ModelInfer: the tenant's and the model's buckets, then Triton
 //   @grpc_model   a served model's readiness or metadata: straight to Triton
 //   @grpc_refused anything else, with $grpc_refusal_status and $grpc_refusal_message
 // gateway/nginx.py renders the locations and sets $grpc_models (the served models,
 // space-separated).
 
+import fs from 'fs';
+
 // grpc-status codes.
 const INVALID_ARGUMENT = 3;
 const NOT_FOUND = 5;
-const RESOURCE_EXHAUSTED = 8;
+// Enough for the message header and any served model's name.
+const HEAD_BYTES = 1024;
 
 // The first length-delimited field 1 of the first message, or null if it is not there.
 function modelName(body) {
@@ -43,13 +46,23 @@ function refuse(r, status, message) {
     r.internalRedirect('@grpc_refused');
 }
 
-function route(r) {
-    const body = r.requestBuffer;
-    if (body === undefined) {
-        return refuse(r, RESOURCE_EXHAUSTED, 'request too large for the gateway: at most '
-            + r.variables.grpc_max_body);
+// The first bytes of the request body, from the file nginx wrote it to (none: empty).
+function head(r) {
+    const path = r.variables.request_body_file;
+    if (!path) {
+        return Buffer.alloc(0);
     }
-    const model = modelName(body);
+    const fd = fs.openSync(path, 'r');
+    try {
+        const buffer = Buffer.alloc(HEAD_BYTES);
+        return buffer.slice(0, fs.readSync(fd, buffer, 0, HEAD_BYTES, 0));
+    } finally {
+        fs.closeSync(fd);
+    }
+}
+
+function route(r) {
+    const model = modelName(head(r));
     if (model === null) {
         return refuse(r, INVALID_ARGUMENT, 'the gateway reads the model name from an '
             + 'uncompressed request: send it without gRPC compression');

@@ -14,7 +14,8 @@ Render a config for N containers:
 Only what a tenant needs is passed on: health, the server's metadata, and the metadata,
 readiness and inference of the served models (``SERVED``). The operator APIs (model control,
 shared memory, logging, trace) and each model's config and statistics are refused (HTTP 403,
-gRPC ``PERMISSION_DENIED``), the other models, steps of the served ones, are unknown (404,
+gRPC ``PERMISSION_DENIED``; ``--operator`` lets some addresses read configs and statistics,
+which perf_analyzer needs), the other models, steps of the served ones, are unknown (404,
 ``NOT_FOUND``), streaming inference is ``UNIMPLEMENTED``, and a client's admin key is never
 forwarded. gRPC names the model inside the body: ``gateway/grpc.js`` (njs) reads it there.
 Slow and greedy clients meet ``limit_conn`` per address, timeouts on headers and bodies, and
@@ -30,6 +31,7 @@ and every shaped request is a JSON line in the shaping log, which
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import pwd
@@ -71,6 +73,9 @@ GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Where gateway/openai.js counts an OpenAI call in the buckets (shape, before it parses the
 # body) and sends its Triton requests (infer), by OpenAI model id.
 OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/(shape|infer)$"
+OVERLOADED = "too many requests at once from this address: retry after 1 s"
+# What a location with error_page lines of its own adds, to keep limit_conn's refusal JSON.
+KEEP_OVERLOADED = "            error_page 503 = @overloaded;"
 OPERATOR_ONLY = (
     "not served through the gateway: an operator reaches it on Triton directly, with the admin key"
 )
@@ -279,12 +284,15 @@ def shaping(
     ]
     return {
         "@SHAPING@": "\n".join(http),
-        "@HTTP_SHAPED@": "\n".join(shaped),
+        "@HTTP_SHAPED@": "\n".join([*shaped, KEEP_OVERLOADED]),
         "@HTTP_REFUSED@": "\n".join(refused_http),
         "@GRPC_SHAPED@": "\n".join(shaped),
         "@GRPC_REFUSED@": "\n".join(refused_grpc),
         "@OPENAI_SHAPED@": "\n".join(shaped[:-1]),
-        "@OPENAI_LOG@": f"            access_log {log_path} shaping;",
+        # The call's log line, and the script's cue to take the buckets' tokens first (a
+        # subrequest: without limits it is skipped).
+        "@OPENAI_SHAPING@": f"            access_log {log_path} shaping;\n"
+        "            set $openai_shaping 1;",
     }
 
 
@@ -326,7 +334,8 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         f"            client_max_body_size {openai.max_body};",
         f"            client_body_buffer_size {openai.max_body};",
         "            error_page 413 = @openai_too_large;",
-        "@OPENAI_LOG@",
+        KEEP_OVERLOADED,
+        "@OPENAI_SHAPING@",
         "            js_content openai.embeddings;",
         "        }",
         "        location @openai_too_large {",
@@ -369,7 +378,7 @@ SHAPING_FIELDS = (
     "@GRPC_SHAPED@",
     "@GRPC_REFUSED@",
     "@OPENAI_SHAPED@",
-    "@OPENAI_LOG@",
+    "@OPENAI_SHAPING@",
 )
 
 
@@ -393,6 +402,7 @@ def render(
     conns_per_client: int = 64,
     conns: int = 1024,
     client_timeout: str = "10s",
+    operators: Sequence[str] = (),
 ) -> str:
     """The nginx config for these upstreams (``host:port`` each) and listen ports.
 
@@ -403,8 +413,7 @@ def render(
         grpc_port: where nginx listens for gRPC (HTTP/2 cleartext).
         host: listen address.
         workers: nginx worker processes (``auto``: one per core).
-        max_body: ``client_max_body_size`` of an inference request; a gRPC one is held in
-            memory whole (gateway/grpc.js reads its model).
+        max_body: ``client_max_body_size`` of an inference request.
         max_fails: failures that take a server out of rotation for ``fail_timeout``.
         fail_timeout: how long a failed server stays out before nginx tries it again.
         user: the ``user`` directive (only meaningful when nginx starts as root).
@@ -418,6 +427,8 @@ def render(
         conns_per_client: requests at once from one client address (HTTP/2 streams count).
         conns: requests at once on each listener, from every client together.
         client_timeout: how long a client may send nothing (headers, body) or read nothing.
+        operators: client addresses or CIDR blocks that may read model configs and statistics
+            (perf_analyzer needs both); everyone else gets 403 / PERMISSION_DENIED.
 
     Returns:
         The config text.
@@ -442,6 +453,8 @@ def render(
         "@SERVED_LIST@": " ".join(SERVED),
         "@HTTP_INFER@": HTTP_INFER.format(models="|".join(SERVED)),
         "@OPERATOR_ONLY@": OPERATOR_ONLY,
+        "@OVERLOADED@": OVERLOADED,
+        "@OPERATORS@": "\n".join(f"            allow {_operator(a)};" for a in operators),
         "@UNKNOWN_MODEL@": f"unknown model: this gateway serves {', '.join(SERVED)}",
     }
     fields.update(openai_fields(openai))
@@ -453,6 +466,11 @@ def render(
     for name, value in fields.items():
         text = text.replace(name, value)
     return text
+
+
+def _operator(address: str) -> str:
+    """An address or CIDR block for ``allow``, checked (nothing else reaches the config)."""
+    return str(ipaddress.ip_network(address, strict=False))
 
 
 def check_config(text: str, nginx: str | None = None) -> None:
@@ -499,6 +517,7 @@ class Nginx(ManagedProcess):
         openai: OpenAI | None = None,
         conns_per_client: int = 64,
         client_timeout: str = "10s",
+        operators: Sequence[str] = (),
     ):
         super().__init__(log_path)
         self.limits = limits
@@ -512,6 +531,7 @@ class Nginx(ManagedProcess):
         self.workers = workers
         self.conns_per_client = conns_per_client
         self.client_timeout = client_timeout
+        self.operators = list(operators)
         self.prefix: Path | None = None
 
     @property
@@ -568,6 +588,7 @@ class Nginx(ManagedProcess):
                 openai=self.openai,
                 conns_per_client=self.conns_per_client,
                 client_timeout=self.client_timeout,
+                operators=self.operators,
             )
         )
 
@@ -645,6 +666,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the folder where nginx finds {' and '.join(SCRIPTS)} (default: this checkout's)",
     )
     r.add_argument(
+        "--operator",
+        action="append",
+        type=_operator,
+        default=[],
+        metavar="ADDRESS",
+        help="a client address or CIDR block that may read model configs and statistics "
+        "(perf_analyzer needs both; repeatable); default: nobody",
+    )
+    r.add_argument(
         "--shaping-log",
         default=SHAPING_LOG,
         help=f"where nginx writes a JSON line per shaped request (default {SHAPING_LOG})",
@@ -665,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         js_module=args.js_module,
         js_dir=args.js_dir,
         conns_per_client=args.conns_per_client,
+        operators=args.operator,
     )
     if args.check:
         try:

@@ -11,6 +11,7 @@
 //   $openai_models      the model ids, space-separated
 //   $openai_max_inputs  the most texts one call may carry (413 above)
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
+//   $openai_shaping     1 with limits.toml: the call takes its tokens first
 // and the internal locations /_openai/<model id>/shape, where the token buckets of
 // limits.toml count the call (429 with Retry-After) before its body is parsed, and
 // /_openai/<model id>/infer, which proxies to Triton's HTTP endpoint.
@@ -242,9 +243,11 @@ async function embeddings(r) {
         const named = scanModel(r);
         // For the buckets and the shaping log: one of the served ids, or none.
         r.variables.openai_model = modelList(r).indexOf(named) < 0 ? '' : named;
-        const shaped = await r.subrequest(INFER + named + '/shape');
-        if (shaped.status !== 204) {
-            throw tritonError(r, shaped, named);
+        if (r.variables.openai_shaping === '1') {
+            const shaped = await r.subrequest(INFER + named + '/shape');
+            if (shaped.status !== 204) {
+                throw tritonError(r, shaped, named);
+            }
         }
         const call = parse(r);
         if (call.model !== named) {

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from client.classify import ClassifyClient
 from gateway import shaping
-from gateway.nginx import Nginx, find_nginx
+from gateway.nginx import OVERLOADED, Nginx, find_nginx
 from pipelines import classification as spec
 from pipelines import embedding
 
@@ -171,6 +171,26 @@ def test_tenants_reach_only_the_served_models_over_grpc(gateway, server):
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
+def test_operator_addresses_read_configs_and_statistics(server, tmp_path):
+    # What perf_analyzer needs through the gateway (bench/gateway.py gives it 127.0.0.1).
+    with Nginx(
+        [server.http_url], [server.grpc_url], log_path=tmp_path / "n.log", operators=["127.0.0.1"]
+    ) as nginx:
+        for path in (f"/v2/models/{spec.ENSEMBLE}/config", f"/v2/models/{spec.ENSEMBLE}/stats"):
+            assert call(nginx.http_url, "GET", path)[0] == 200, path
+        with grpc.insecure_channel(nginx.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            config = stub.ModelConfig(service_pb2.ModelConfigRequest(name=spec.ENSEMBLE))
+            assert config.config.name == spec.ENSEMBLE
+            stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name=spec.ENSEMBLE))
+            # The admin APIs stay refused.
+            assert (
+                grpc_code(stub.RepositoryIndex, service_pb2.RepositoryIndexRequest())
+                == grpc.StatusCode.PERMISSION_DENIED
+            )
+        assert call(nginx.http_url, "POST", "/v2/repository/index")[0] == 403
+
+
 # What reaches the upstream ---------------------------------------------------------------------
 class Recorder:
     """An HTTP and a gRPC upstream that record what nginx sends them and answer OK."""
@@ -178,6 +198,7 @@ class Recorder:
     def __init__(self):
         self.http: list[tuple[dict[str, str], bytes]] = []
         self.grpc: list[tuple[dict[str, str], str]] = []
+        self.grpc_sizes: list[int] = []
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -199,9 +220,12 @@ class Recorder:
 
         def infer(request, context):
             recorder.grpc.append((dict(context.invocation_metadata()), request.model_name))
+            recorder.grpc_sizes.append(request.ByteSize())
             return service_pb2.ModelInferResponse(model_name=request.model_name)
 
-        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4))
+        self.grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(4), options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
         self.grpc_server.add_generic_rpc_handlers(
             [
                 grpc.method_handlers_generic_handler(
@@ -283,12 +307,22 @@ def test_admin_keys_never_reach_triton_and_bodies_arrive_unchunked(tmp_path):
         assert [model for _, model in upstream.grpc] == [spec.ENSEMBLE] * 2
         for metadata, _ in upstream.grpc:
             assert not {"admin-key", "triton-grpc-protocol-admin-key"} & set(metadata), metadata
+
+        # A body far beyond nginx's 64 KiB buffer: written to a file, the model read from it,
+        # and the whole of it passed on.
+        large = service_pb2.ModelInferRequest(model_name=spec.ENSEMBLE)
+        large.raw_input_contents.append(bytes(range(256)) * (6 << 12))  # 6 MiB
+        with grpc.insecure_channel(nginx.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            stub.ModelInfer(large, timeout=30, metadata=[("x-api-key", KEY)])
+        assert upstream.grpc[-1][1] == spec.ENSEMBLE and upstream.grpc_sizes[-1] == large.ByteSize()
         # gRPC has the per-model buckets HTTP has: nginx found the model in the body.
-        logged = shaping_lines(nginx, 3)
+        logged = shaping_lines(nginx, 4)
         assert [(line["protocol"], line["model"], line["tenant"]) for line in logged] == [
             ("http", spec.ENSEMBLE, "team"),
             ("grpc", spec.ENSEMBLE, "team"),
             ("grpc", spec.ENSEMBLE, shaping.ANONYMOUS),
+            ("grpc", spec.ENSEMBLE, "team"),
         ]
 
 
@@ -350,6 +384,7 @@ def test_slow_and_greedy_clients_leave_the_gateway_serving_others(server, photos
             answer = extra.recv(4096)
             extra.close()
             assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+            assert OVERLOADED.encode() in answer  # JSON that tritonclient reports
             # Everyone else is served meanwhile.
             with ClassifyClient(nginx.http_url) as client:
                 assert client.classify([photos["chelsea"]])

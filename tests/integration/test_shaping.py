@@ -140,8 +140,13 @@ def gateway(servers, tmp_path_factory):
         pytest.fail(str(exc))
     logs = tmp_path_factory.mktemp("nginx")
     http, grpc = [s.http_url for s in servers], [s.grpc_url for s in servers]
-    nginx = Nginx(http, grpc, limits=LIMITS, log_path=logs / "nginx.log")
-    unshaped = Nginx(http, grpc, limits=UNSHAPED, log_path=logs / "nginx-unshaped.log")
+    # Every client of this test is 127.0.0.1: room for the flood's and the calm tenant's
+    # requests at once, so that only the buckets refuse.
+    conns = 4 * FLOOD_WORKERS
+    nginx = Nginx(http, grpc, limits=LIMITS, log_path=logs / "nginx.log", conns_per_client=conns)
+    unshaped = Nginx(
+        http, grpc, limits=UNSHAPED, log_path=logs / "nginx-unshaped.log", conns_per_client=conns
+    )
     with nginx, unshaped:
         exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1)
         with exporter:

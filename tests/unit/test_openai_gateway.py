@@ -56,6 +56,8 @@ def test_the_openai_config_passes_nginx_t(binary, shaped):
     assert ("limit_req zone=tenant_team-a" in shape) == shaped
     assert ("limit_req zone=model_embed " in shape) == shaped
     assert ("$bearer" in text) == shaped
+    # Without limits the script skips the subrequest to the shape location.
+    assert ("set $openai_shaping 1;" in text) == shaped
 
 
 @pytest.mark.parametrize("script", gw.SCRIPTS)
