@@ -9,12 +9,15 @@ concurrency:
 * ``nginx``: the same requests through the gateway's proxy (``/v2``);
 * ``openai``: ``POST /v1/embeddings`` bodies of the same texts through the gateway, which calls
   ``embed_with_tokens`` (the same steps, and each text's word pieces), answered as floats;
-* ``openai-b64``: the same, answered in base64 (what OpenAI's SDK asks by default).
+* ``openai-b64``: the same, answered in base64 (what OpenAI's SDK asks by default);
+* ``triton-grpc`` and ``nginx-grpc``: ``embed`` over gRPC, straight and through the gateway
+  (which reads the model name from each body, written to a file as it arrives).
 
 The response cache is off for both models (perf_analyzer repeats its texts). Systems are
 interleaved within each round, so a busy machine slows each alike; the table gives texts/s and
-p99 per round, the median ratio to ``triton``, and where the core's time went: the share nginx
-took, and tritonserver's CPU time per text (both trees of processes, over each measurement)::
+p99 per round, the median ratio to ``triton`` (gRPC: to ``triton-grpc``), and where the core's
+time went: the share nginx took, and tritonserver's CPU time per text (both trees of processes,
+over each measurement)::
 
     .venv/bin/python -m bench.gateway --rounds 3 --levels 8,32
 """
@@ -43,7 +46,9 @@ from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("triton", "nginx", "openai", "openai-b64")
+SYSTEMS = ("triton", "nginx", "openai", "openai-b64", "triton-grpc", "nginx-grpc")
+# What each system's ratio is to: the same protocol straight to Triton.
+BASE = {"triton-grpc": "triton-grpc", "nginx-grpc": "triton-grpc"}
 MODELS = (spec.ENSEMBLE, spec.OPENAI_MODELS[spec.ENSEMBLE])
 
 
@@ -69,6 +74,7 @@ def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_
         "extra": ["--async"],
     }
     openai = {**common, "extra": ["--service-kind=openai", "--endpoint=v1/embeddings", "--async"]}
+    grpc = {**common, "protocol": "grpc"}
     return {
         "triton": pa.Run(spec.ENSEMBLE, server.http_url, input_data=data["kserve"], **common),
         "nginx": pa.Run(spec.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common),
@@ -76,6 +82,8 @@ def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_
         "openai-b64": pa.Run(
             spec.ENSEMBLE, nginx.http_url, input_data=data["openai-b64"], **openai
         ),
+        "triton-grpc": pa.Run(spec.ENSEMBLE, server.grpc_url, input_data=data["kserve"], **grpc),
+        "nginx-grpc": pa.Run(spec.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc),
     }
 
 
@@ -120,7 +128,16 @@ def main(argv: list[str] | None = None) -> int:
                 server.config.model_config_name,
                 server.admin_headers("http"),
             )
-        with Nginx([server.http_url], [server.grpc_url], openai=OpenAI()) as nginx:
+        # Every client here is 127.0.0.1: no per-address cap below the highest level.
+        conns = 4 * max(levels)
+        # perf_analyzer reads the model's config and statistics: this machine is the operator.
+        with Nginx(
+            [server.http_url],
+            [server.grpc_url],
+            openai=OpenAI(),
+            conns_per_client=conns,
+            operators=["127.0.0.1"],
+        ) as nginx:
             log.info("%s", affinity.pin_and_report("nginx", nginx.process.pid, server_cpus))
             log.info("server and nginx on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
             by_system = runs(server, nginx, data, load_cpus, args.measurement_ms)
@@ -154,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "  nginx  tritonserver ms/text (medians)"
     )
     for level in levels:
-        base = statistics.median(p.throughput for p in points[("triton", level)])
         for system in SYSTEMS:
+            base_points = points[(BASE.get(system, "triton"), level)]
+            base = statistics.median(p.throughput for p in base_points)
             got = points[(system, level)]
             rate = statistics.median(p.throughput for p in got)
             rates = ", ".join(f"{p.throughput:.1f}" for p in got)
