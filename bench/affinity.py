@@ -10,6 +10,7 @@ pinned again with ``taskset -a -p`` and each thread's ``Cpus_allowed_list`` is r
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 from collections import Counter
 from collections.abc import Iterable
@@ -62,6 +63,13 @@ def thread_affinities(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[i
             except (OSError, ValueError):
                 continue
     return found
+
+
+def pinned(cpus: Iterable[int], command: list[str]) -> list[str]:
+    """``command`` behind ``taskset -c <cores>``: it and what it starts run on ``cpus``."""
+    if shutil.which("taskset") is None:
+        raise FileNotFoundError("taskset (util-linux) is needed to pin a process to CPUs")
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
 
 
 def pin_command(pid: int, cpus: Iterable[int]) -> list[str]:

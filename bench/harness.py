@@ -499,9 +499,6 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
         ("pipeline") and, with ``encoders``, the embed pipeline per encoder ("embed", ...).
     """
     cmd = [
-        "taskset",
-        "-c",
-        ",".join(map(str, cpus)),
         sys.executable,
         "-m",
         "bench.raw",
@@ -519,7 +516,7 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
             f"--mixed-encoder={ENCODERS[EMBED]}",
             "--mixed-batches=" + ",".join(map(str, plan.raw_mixed_batches)),
         ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(affinity.pinned(cpus, cmd), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"raw engine failed ({done.returncode}):\n{done.stderr[-3000:]}")
     raw = json.loads(done.stdout)
@@ -534,11 +531,10 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
 def measure_stages(cpus: list[int], seconds: float) -> dict[str, float]:
     """The raw classify pipeline's stages at batch 1, ms per image, pinned to ``cpus``."""
     cmd = [
-        "taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "bench.raw",
-        f"--onnx={ONNX}", "--threads=1", f"--seconds={seconds}", "--stages",
-        "--model-batches=", "--pipeline-batches=",
+        sys.executable, "-m", "bench.raw", f"--onnx={ONNX}", "--threads=1",
+        f"--seconds={seconds}", "--stages", "--model-batches=", "--pipeline-batches=",
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(affinity.pinned(cpus, cmd), capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"raw stages failed ({done.returncode}):\n{done.stderr[-3000:]}")
     curves = json.loads(done.stdout)
@@ -566,10 +562,9 @@ class RawReference:
 
     def __init__(self, cpus: list[int], seconds: float = 1.0):
         self.seconds = seconds
-        cmd = [
-            "taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "bench.raw",
-            f"--onnx={ONNX}", "--threads=1", "--serve",
-        ]  # fmt: skip
+        cmd = affinity.pinned(
+            cpus, [sys.executable, "-m", "bench.raw", f"--onnx={ONNX}", "--threads=1", "--serve"]
+        )
         self.process = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import tool_env
+from bench import affinity, tool_env
 from pipelines import embedding
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, ServerStartError, client_host
@@ -141,7 +141,7 @@ def server_command(
 
 def taskset(cmd: list[str], cpus: Sequence[int] | None) -> list[str]:
     """``cmd`` behind ``taskset -c`` when cores are given."""
-    return ["taskset", "-c", ",".join(map(str, cpus)), *cmd] if cpus else cmd
+    return affinity.pinned(cpus, cmd) if cpus else cmd
 
 
 class _PinnedHttpServer(ManagedProcess):

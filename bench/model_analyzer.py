@@ -38,7 +38,7 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from bench import inputs, tool_env, tune
+from bench import affinity, inputs, tool_env, tune
 from bench import perf_analyzer as pa
 from export import model_config
 from pipelines import classification as cspec
@@ -318,15 +318,9 @@ def run(
         target, mode, p99_ms, repository, out, script, data, max(2, len(server_cpus))
     )
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = [
-        "taskset",
-        "-c",
-        ",".join(map(str, load_cpus)),
-        str(venv / "bin" / "model-analyzer"),
-        "profile",
-        "-f",
-        str(out / "config.yaml"),
-    ]
+    cmd = affinity.pinned(
+        load_cpus, [str(venv / "bin" / "model-analyzer"), "profile", "-f", str(out / "config.yaml")]
+    )
     log.info("%s", " ".join(cmd))
     bound = measurement_bound(target, mode, max(2, len(server_cpus)))
     started = time.monotonic()

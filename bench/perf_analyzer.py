@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import affinity
+
 log = logging.getLogger(__name__)
 
 LIBRARIES = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
@@ -123,7 +125,7 @@ class Run:
             cmd += ["--input-tensor-format=json", "--output-tensor-format=json"]
         cmd += list(self.extra)
         if self.cpus:
-            cmd = ["taskset", "-c", ",".join(map(str, self.cpus)), *cmd]
+            cmd = affinity.pinned(self.cpus, cmd)
         return cmd
 
 

@@ -24,14 +24,13 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
-from bench import perf_analyzer, report, stats, variants
+from bench import affinity, perf_analyzer, report, stats, variants
 from export import model_config, text_samples
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -166,10 +165,8 @@ def run(out: Path, server_cpus: list[int], client_cpus: list[int]) -> dict:
     new = write_data(out / "text-cache-new.json", fresh)
     cases: list[Case] = []
     replica = None
-    redis_cpus = ",".join(map(str, client_cpus))
     with RedisServer(log_path=out / "redis.log") as cache:
-        subprocess.run(["taskset", "-a", "-p", "-c", redis_cpus, str(cache.process.pid)],
-                       check=False, capture_output=True)  # fmt: skip
+        affinity.pin(cache.process.pid, client_cpus)
         flags = {"no cache": (False, False), "response cache": (False, True),
                  "per-text cache": (True, True)}  # fmt: skip
         for n in range(PASSES):

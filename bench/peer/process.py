@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from pathlib import Path
 
+from bench import affinity
 from bench.peer.models import MODEL_NAME, served_model
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
@@ -71,10 +71,7 @@ class PeerServer(ManagedProcess):
             args += ["--max-batch", str(self.max_batch)]
         args += ["--null"] if self.model_path is None else ["--model", str(self.model_path)]
         if self.cpus:
-            taskset = shutil.which("taskset")
-            if taskset is None:
-                raise FileNotFoundError("taskset (util-linux) is needed to pin the peer to CPUs")
-            args = [taskset, "-c", ",".join(str(c) for c in self.cpus), *args]
+            args = affinity.pinned(self.cpus, args)
         return args
 
     def prepare(self) -> None:

@@ -110,6 +110,8 @@ def test_summaries_say_when_a_thread_left_the_core():
 
 def test_pin_command_covers_every_thread():
     assert affinity.pin_command(42, [3, 1]) == ["taskset", "-a", "-p", "-c", "1,3", "42"]
+    # One prefix for every process the benchmarks start pinned.
+    assert affinity.pinned([3, 1], ["prog", "-x"]) == ["taskset", "-c", "1,3", "prog", "-x"]
 
 
 def test_openai_bodies_carry_the_same_texts_in_the_same_order():
