@@ -19,7 +19,7 @@ under the unshaped one, and the tests assert what shaping promises:
   for the Python router;
 * nothing is lost: every request sent is answered or refused, none fails or hangs.
 
-The flood sends many small requests (two texts), the calm tenant fewer larger ones (8 texts).
+The flood sends many small requests (four texts), the calm tenant fewer larger ones (8 texts).
 Unshaped, the flood overloads the two servers, so the calm tenant's requests wait behind it;
 shaped, what is admitted leaves them room even on a slow or busy machine. The ratios measured
 are in docs/isolation.md ("What the tests show").
@@ -87,11 +87,13 @@ EXTRA_ARGS = [
 ]
 # The calm tenant's requests take long enough (8 texts) that a few milliseconds of a busy
 # machine do not move their p99, and 40 of them in SEND_S make a p99 that one stray slow
-# answer does not decide. The flood's are small (two texts) and many: ten times its buckets'
+# answer does not decide. The flood's are smaller (four texts) and many: ten times its buckets'
 # rate, so that unshaped it is far more than the servers can take and shaped a tenth of that.
+# Two texts were not enough: 400 texts/s came near what the two servers take on a fast day,
+# and the unshaped control then barely slowed the calm tenant (docs/isolation.md).
 CALM_TEXTS = 8
 CALM_RATE = 8.0  # per second: the calm tenant's rate
-FLOOD_TEXTS = 2
+FLOOD_TEXTS = 4
 FLOOD_FACTOR = 10  # the flood's rate over its bucket's
 # A flood comes from many clients at once: unshaped, up to this many of its requests wait in
 # the servers' queues ahead of the calm tenant's.
