@@ -27,6 +27,18 @@ def _only_integration_tests_start_tritonserver(request, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def nginx_binary() -> str:
+    """Debian's nginx with its njs module (every rendered gateway config loads it)."""
+    from gateway.nginx import find_js_module, find_nginx
+
+    try:
+        find_js_module()
+        return find_nginx()
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (`make test` installs both: `make tools`)")
+
+
+@pytest.fixture(scope="session")
 def classifier_onnx() -> Path:
     if not CLASSIFIER_ONNX.exists():
         pytest.fail(f"{CLASSIFIER_ONNX} is missing: run `make models` (make test does)")

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from client.classify import ClassifyClient
 from gateway import shaping
-from gateway.nginx import OVERLOADED, Nginx, find_nginx
+from gateway.nginx import OVERLOADED, Nginx
 from pipelines import classification as spec
 from pipelines import embedding
 
@@ -39,11 +39,7 @@ STEP = spec.PREPROCESS  # a step of `classify`, loaded, never served through the
 
 
 @pytest.fixture(scope="module")
-def gateway(server, tmp_path_factory):
-    try:
-        find_nginx()
-    except FileNotFoundError as exc:
-        pytest.fail(str(exc))
+def gateway(server, nginx_binary, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("gateway") / "nginx.log"
     with Nginx([server.http_url], [server.grpc_url], limits=LIMITS, log_path=log_path) as nginx:
         yield nginx

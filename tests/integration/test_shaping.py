@@ -45,7 +45,7 @@ from tritonclient.utils import InferenceServerException
 from client.embed import build_inputs
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
-from gateway.nginx import Nginx, find_nginx
+from gateway.nginx import Nginx
 from gateway.router import RateLimited, Router
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -134,12 +134,8 @@ def servers(encoder_onnx, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gateway(servers, tmp_path_factory):
+def gateway(servers, nginx_binary, tmp_path_factory):
     """The shaped nginx with its exporter, and the control: nginx with the flood unshaped."""
-    try:
-        find_nginx()
-    except FileNotFoundError as exc:
-        pytest.fail(str(exc))
     logs = tmp_path_factory.mktemp("nginx")
     http, grpc = [s.http_url for s in servers], [s.grpc_url for s in servers]
     # Every client of this test is 127.0.0.1: room for the flood's and the calm tenant's

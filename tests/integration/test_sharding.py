@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from client import connection
 from client.embed import build_inputs
-from gateway.nginx import USER_ID_HEADER, Nginx, check_config, find_nginx, render
+from gateway.nginx import USER_ID_HEADER, Nginx, check_config, render
 from gateway.router import Router, is_retryable
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -116,14 +116,6 @@ def cluster(encoder_onnx, tmp_path_factory):
         yield cluster
     finally:
         cluster.stop_all()
-
-
-@pytest.fixture
-def nginx_binary() -> str:
-    try:
-        return find_nginx()
-    except FileNotFoundError as exc:
-        pytest.fail(str(exc))
 
 
 # Load ---------------------------------------------------------------------------------------

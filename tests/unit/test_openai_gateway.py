@@ -28,20 +28,11 @@ UPSTREAMS = (["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001)
 IMAGE_MODULE = "/etc/nginx/modules/ngx_http_js_module.so"
 
 
-@pytest.fixture(scope="module")
-def binary() -> str:
-    try:
-        gw.find_js_module()
-        return gw.find_nginx()
-    except FileNotFoundError as exc:
-        pytest.fail(f"{exc} (`make test` installs both: `make tools`)")
-
-
 @pytest.mark.parametrize("shaped", [False, True], ids=["plain", "shaped"])
-def test_the_openai_config_passes_nginx_t(binary, shaped):
+def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
     limits = load_limits(gw.LIMITS, placeholders=True) if shaped else None
     text = gw.render(*UPSTREAMS, limits=limits, openai=gw.OpenAI())
-    gw.check_config(text, binary)
+    gw.check_config(text, nginx_binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
     assert f'set $openai_models "{" ".join(spec.OPENAI_MODELS)}";' in text
     for model, ensemble in spec.OPENAI_MODELS.items():
@@ -61,20 +52,20 @@ def test_the_openai_config_passes_nginx_t(binary, shaped):
 
 
 @pytest.mark.parametrize("script", gw.SCRIPTS)
-def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(binary, tmp_path, script):
+def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(nginx_binary, tmp_path, script):
     for name in gw.SCRIPTS:
         shutil.copy(gw.OPENAI_SCRIPT.with_name(name), tmp_path / name)
     good = gw.render(*UPSTREAMS, openai=gw.OpenAI(), js_dir=str(tmp_path))
-    gw.check_config(good, binary)
+    gw.check_config(good, nginx_binary)
     broken = (tmp_path / script).read_text().replace("function ", "function (", 1)
     (tmp_path / script).write_text(broken)
     with pytest.raises(ValueError, match="SyntaxError"):
-        gw.check_config(good, binary)
+        gw.check_config(good, nginx_binary)
 
 
-def test_without_openai_there_is_no_openai_api(binary):
+def test_without_openai_there_is_no_openai_api(nginx_binary):
     text = gw.render(*UPSTREAMS, limits=load_limits(gw.LIMITS, placeholders=True))
-    gw.check_config(text, binary)
+    gw.check_config(text, nginx_binary)
     assert "js_import grpc from grpc.js;" in text  # gRPC's model routing, always
     assert "js_import openai" not in text and "/v1/" not in text
 
@@ -162,16 +153,16 @@ RENDERS = {"compose": compose_render, "kubernetes": kubernetes_render}
 
 
 @pytest.mark.parametrize("where", RENDERS)
-def test_the_deployments_gateway_renders_from_the_image_alone(binary, tmp_path, where):
-    done = run_render(RENDERS[where](), tmp_path, binary)
+def test_the_deployments_gateway_renders_from_the_image_alone(nginx_binary, tmp_path, where):
+    done = run_render(RENDERS[where](), tmp_path, nginx_binary)
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("where", RENDERS)
 def test_the_deployments_gateway_refuses_the_placeholder_keys_and_no_limits(
-    binary, tmp_path, where
+    nginx_binary, tmp_path, where
 ):
-    done = run_render(RENDERS[where](), tmp_path / "committed", binary, limits=gw.LIMITS)
+    done = run_render(RENDERS[where](), tmp_path / "committed", nginx_binary, limits=gw.LIMITS)
     assert done.returncode != 0 and "is the committed placeholder" in done.stderr
-    done = run_render(RENDERS[where](), tmp_path / "none", binary, limits=tmp_path / "absent")
+    done = run_render(RENDERS[where](), tmp_path / "none", nginx_binary, limits=tmp_path / "absent")
     assert done.returncode != 0 and "absent" in done.stderr

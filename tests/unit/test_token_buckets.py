@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
-from gateway.nginx import LIMITS, check_config, find_nginx, render
+from gateway.nginx import LIMITS, check_config, render
 from gateway.router import RateLimited, Router, is_retryable
 from tests.helpers import limits_with_secret_keys
 
@@ -161,20 +161,18 @@ def test_rendered_limits_are_nginx_buckets_with_capacity_minus_one_burst():
     assert render(["h:1"], ["h:2"], 8000, 8001).count("limit_req") == 0
 
 
-def test_the_rendered_shaping_config_passes_nginx_t():
-    try:
-        nginx = find_nginx()
-    except FileNotFoundError as exc:
-        pytest.fail(f"{exc} (`make test` installs it: `make tools`)")
+def test_the_rendered_shaping_config_passes_nginx_t(nginx_binary):
     limits = shaping.load_limits(LIMITS, placeholders=True)
-    check_config(render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits), nginx)
+    check_config(
+        render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits), nginx_binary
+    )
     # And nginx -t is a check that fails: a zone used twice with different rates.
     broken = render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits)
     broken = broken.replace(
         "limit_req_status 429;", "limit_req_zone $tenant zone=tenant_team-a:1m rate=1r/s;"
     )
     with pytest.raises(ValueError, match="nginx -t refused"):
-        check_config(broken, nginx)
+        check_config(broken, nginx_binary)
 
 
 # The exporter ---------------------------------------------------------------------------------
