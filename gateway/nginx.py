@@ -256,11 +256,11 @@ def shaping(
         '        \'"limit":"$limit_req_status","status":"$status"}\';',
         "",
     ]
-    shaped = [
+    buckets = [
         *(f"            {use}" for use in (*tenant_uses, *model_uses)),
         "            error_page 429 = @refused;",
-        f"            access_log {log_path} shaping;",
     ]
+    shaped = [*buckets, f"            access_log {log_path} shaping;"]
     refused_http = [
         "",
         "        location @refused {",
@@ -288,7 +288,8 @@ def shaping(
         "@HTTP_REFUSED@": "\n".join(refused_http),
         "@GRPC_SHAPED@": "\n".join(shaped),
         "@GRPC_REFUSED@": "\n".join(refused_grpc),
-        "@OPENAI_SHAPED@": "\n".join(shaped[:-1]),
+        # The shape location logs nothing: /v1/embeddings logs the call.
+        "@OPENAI_SHAPED@": "\n".join(buckets),
         # The call's log line, and the script's cue to take the buckets' tokens first (a
         # subrequest: without limits it is skipped).
         "@OPENAI_SHAPING@": f"            access_log {log_path} shaping;\n"
