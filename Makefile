@@ -49,13 +49,13 @@ $(EMBED_GRAPH_ONNX): $(ENCODER_ONNX) export/text_graph.py
 	$(PY) -m export embed-graph --encoder $(ENCODER_ONNX) --output $@
 
 # What Triton reads for --model-config-name=<name>: configs/<name>.pbtxt, rendered from the
-# overlay configs/<name>.overlay.pbtxt over its bases (export/model_config.py says how). The configs/
+# overlay configs/<name>.overlay.pbtxt over its bases (model_config/ says how). The configs/
 # folders are prerequisites too, so adding or removing an overlay renders again.
 VARIANT_OVERLAYS := $(wildcard model_repository/*/configs/*.overlay.pbtxt)
 RENDERED_CONFIGS := $(VARIANT_OVERLAYS:.overlay.pbtxt=.pbtxt)
 $(RENDERED_CONFIGS) &: $(VARIANT_OVERLAYS) $(wildcard model_repository/*/configs) \
-		$(wildcard model_repository/*/config.pbtxt) export/model_config.py $(STAMP)
-	$(PY) -m export configs
+		$(wildcard model_repository/*/config.pbtxt) $(wildcard model_config/*.py) $(STAMP)
+	$(PY) -m model_config
 	@touch $(RENDERED_CONFIGS)
 
 configs: $(RENDERED_CONFIGS)

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+import model_config
 from bench import load, stats
 from client.embed import EmbedClient
-from export import model_config
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import Server, ServerConfig

@@ -26,9 +26,10 @@ from pathlib import Path
 import psutil
 import tritonclient.http as http
 
+import model_config
 from bench import affinity, infinity, inputs, perf_analyzer, stats, trace, variants
 from bench.raw import STAGE_KIND
-from export import model_config, text_samples
+from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig

@@ -38,9 +38,9 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+import model_config
 from bench import affinity, inputs, tool_env, tune
 from bench import perf_analyzer as pa
-from export import model_config
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server.launcher import MODEL_REPOSITORY, Server, ServerConfig

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import model_config
 from bench import load
 from client import classify, embed
-from export import model_config, samples, text_samples
+from export import samples, text_samples
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import Server, ServerConfig

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+import model_config
 from bench import affinity, perf_analyzer, report, stats, variants
-from export import model_config, text_samples
+from export import text_samples
 from pipelines import embedding as spec
 from server import Server, ServerConfig
 from server.launcher import MODEL_REPOSITORY

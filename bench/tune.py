@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import model_config
 from bench import perf_analyzer, variants
-from export import model_config
 from pipelines import classification as spec
 from pipelines import embedding
 
@@ -449,7 +449,7 @@ def write_configs(
     """Write each changed step's tuned config as an overlay, then render it.
 
     The overlay ``configs/<name>.overlay.pbtxt`` holds the fields where the tuned config differs
-    from the base of variant ``name`` (export/model_config.py), under ``header`` as a comment;
+    from the base of variant ``name`` (model_config/), under ``header`` as a comment;
     it replaces a link to another variant's overlay instead of writing through it.
 
     Returns:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import model_config
+import model_config
 from pipelines import classification as spec
 from pipelines import embedding as espec
 

@@ -7,8 +7,6 @@ Examples:
     python -m export tensorrt --commands   # the trtexec commands for every engine (no GPU needed)
     python -m export tensorrt --engines /engines --parity   # build + check (TensorRT + GPU)
     python -m export samples samples/   # the sample photos the parity checks use, as JPEG files
-    python -m export configs   # configs/<name>.overlay.pbtxt -> configs/<name>.pbtxt
-    python -m export configs --check   # exit 1 if a rendered config is out of date (writes none)
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from pathlib import Path
 from export import (
     efficientnet_lite0,
     minilm,
-    model_config,
     onnx_export,
     samples,
     tensorrt,
@@ -74,14 +71,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     trt.add_argument("--parity", action="store_true", help="compare each engine with onnxruntime")
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
     smp.add_argument("directory", type=Path)
-    cfg = sub.add_parser(
-        "configs",
-        help="render each configs/<name>.overlay.pbtxt into the configs/<name>.pbtxt Triton reads",
-    )
-    cfg.add_argument("--repository", type=Path, default=Path("model_repository"))
-    cfg.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if any is out of date"
-    )
     return parser.parse_args(argv)
 
 
@@ -123,26 +112,8 @@ def write_samples(directory: Path) -> None:
         print(path)
 
 
-def render_configs(repository: Path, check: bool) -> int:
-    """``python -m export configs``: render every variant, or (``check``) say which are stale."""
-    if check:
-        problems = model_config.stale(repository)
-        for problem in problems:
-            log.error("%s", problem)
-        if problems:
-            log.error("run `python -m export configs` (make models) to render them")
-        return 1 if problems else 0
-    try:
-        paths = model_config.render_repository(repository)
-    except model_config.OverlayError as exc:
-        log.error("%s", exc)
-        return 1
-    log.info("rendered %d configs from the overlays in %s/*/configs/", len(paths), repository)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit status 1 when a parity check fails or a config cannot be rendered."""
+    """Entry point; exit status 1 when a parity check fails."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     log.info("arguments: %s", vars(args))
@@ -156,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         return build_engines(args)
     elif args.model == "samples":
         write_samples(args.directory)
-    elif args.model == "configs":
-        return render_configs(args.repository, args.check)
     return 0
 
 

@@ -111,7 +111,7 @@ class Recipe:
 
     def config(self, repository: Path) -> mc.ModelConfig:
         """That config, parsed with Triton's schema."""
-        from export import model_config
+        import model_config
 
         return model_config.parse(self.config_path(repository))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from export import model_config
+import model_config
 from server import gpus as gpu_info
 
 GENERATED = (

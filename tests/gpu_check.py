@@ -549,7 +549,8 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
     try:
         import torch
 
-        from export import model_config, samples
+        import model_config
+        from export import samples
         from server.launcher import MODEL_REPOSITORY
 
         # configs/<name>.pbtxt is rendered from its overlay and not committed: a fresh checkout

@@ -26,8 +26,8 @@ import pytest
 import yaml
 from prometheus_client import generate_latest, start_http_server
 
+import model_config
 from client.embed import EmbedClient
-from export import model_config
 from gateway.metrics import ShapingLogExporter
 from server.launcher import MODEL_REPOSITORY, free_port
 from tests import promql

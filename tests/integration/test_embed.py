@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import model_config
 from client.connection import ClientError, module
 from client.embed import AsyncEmbedClient, EmbedClient
-from export import bert, model_config, text_samples
+from export import bert, text_samples
 from export import minilm as export_minilm
 from pipelines import embedding as spec
 from tests.helpers import batched_in_some_burst, run_cli

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from client.embed import EmbedClient
-from export.model_config import parse, resolve
+from model_config import parse, resolve
 from pipelines import embedding as spec
 from server.launcher import MODEL_REPOSITORY, free_port
 from tests.helpers import prometheus_tool

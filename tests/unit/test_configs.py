@@ -1,7 +1,7 @@
 """Every config parses with Triton's own schema, follows the spec, and ensembles are wired right.
 
 Also the variants: each overlay holds only what differs from its base, renders as
-export/model_config.py says, and its rendered configs/ file (what Triton reads) is up to date.
+model_config/ says, and its rendered configs/ file (what Triton reads) is up to date.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import onnx
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import model_config, onnx_export
-from export.model_config import parse, resolve
+import model_config
+from export import onnx_export
+from model_config import parse, resolve
 from pipelines import classification as spec
 from pipelines import embedding as emb
 from server.launcher import MODEL_REPOSITORY
@@ -215,7 +216,7 @@ def test_encoder_versions_and_ensembles_pin_them():
 def test_rendered_configs_are_up_to_date():
     """configs/ (what Triton reads) is what the overlays render today: no edit left unrendered."""
     problems = model_config.stale(MODEL_REPOSITORY)
-    assert not problems, "run `make models` (python -m export configs):\n" + "\n".join(problems)
+    assert not problems, "run `make models` (python -m model_config):\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from export import model_config
+import model_config
 from server import gpus
 from tests import promql
 from tests.helpers import prometheus_tool
@@ -81,8 +81,8 @@ TORCH_OTHER_CUDA12_LIBRARIES = {
 ENTRYPOINT_FILE = REPO / "server" / "container.py"
 # Local packages the entrypoint reaches, and installed ones whose files the import scan also
 # follows: tritonclient's grpc extra is not installed by --no-deps, so what its modules import
-# when export.model_config imports tritonclient.grpc must be in the file itself.
-LOCAL_PACKAGES = {"server", "export", "pipelines"}
+# when model_config imports tritonclient.grpc must be in the file itself.
+LOCAL_PACKAGES = {"server", "export", "model_config", "pipelines"}
 FOLLOWED_PACKAGES = {"tritonclient"}
 # Provided inside the container by Triton itself, not by pip.
 TRITON_PROVIDED_MODULES = {"triton_python_backend_utils"}
@@ -266,6 +266,7 @@ def test_image_copies_the_application_and_its_requirements(dockerfile):
         "server",
         "gateway",
         "export",
+        "model_config",
         "model_repository",
     }
 
@@ -318,6 +319,7 @@ def in_build_context(path: str) -> bool:
         "server/launcher.py",
         "gateway/nginx.py",
         "export/onnx_export.py",
+        "model_config/__init__.py",
         "model_repository/classifier/config.pbtxt",
         "model_repository/classifier/configs/gpu.pbtxt",
         "model_repository/classifier/1/model.onnx",
@@ -522,7 +524,7 @@ def test_container_requirements_provide_what_the_entrypoint_imports():
     distributions = importlib.metadata.packages_distributions()
     provided = set(pins(CONTAINER_REQUIREMENTS))
     imports = entrypoint_third_party_imports()
-    # export.model_config -> tritonclient.grpc -> grpc, protobuf, packaging, rapidjson (_client)
+    # model_config -> tritonclient.grpc -> grpc, protobuf, packaging, rapidjson (_client)
     assert {"tritonclient", "numpy", "google", "grpc", "packaging", "rapidjson"} <= imports
     for module in sorted(imports):
         names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
-from export.model_config import resolve
+from model_config import resolve
 from server.launcher import MODEL_REPOSITORY
 
 SHARING = Path(__file__).resolve().parents[2] / "docker" / "kubernetes" / "gpu-sharing"

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import model_config
+import model_config
 from server import gpus, launcher, repository
 from server.launcher import MODEL_REPOSITORY
 

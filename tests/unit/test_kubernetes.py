@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
-from export.model_config import parse
+from model_config import parse
 from server.launcher import MODEL_REPOSITORY
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "docker" / "kubernetes"

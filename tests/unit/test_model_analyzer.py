@@ -13,9 +13,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+import model_config
 from bench import model_analyzer as ma
 from bench import tune
-from export import model_config
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server.launcher import MODEL_REPOSITORY

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import triton_python_backend_utils as pb_utils
 
-from export import model_config, samples
+import model_config
+from export import samples
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from pipelines import image, onnx_runner

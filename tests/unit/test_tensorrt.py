@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from export import model_config
+import model_config
 from export import tensorrt as trt_export
 from pipelines import classification, embedding
 from server.gpus import Gpu, place_instances

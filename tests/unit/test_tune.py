@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+import model_config
 from bench import perf_analyzer, tune
-from export import model_config
 from pipelines import classification as spec
 from server.launcher import MODEL_REPOSITORY
 
