@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 DEFAULT_OUTPUT = Path("model_repository") / spec.ENCODER / "1" / "model.onnx"
 DEFAULT_INT8_OUTPUT = Path("model_repository") / spec.ENCODER / "2" / "model.onnx"
 # Version 2 for TensorRT: static INT8 with explicit Q/DQ nodes (TensorRT cannot run the dynamic
-# quantization above); built into an engine on the GPU (export/tensorrt.py).
+# quantization above); built into an engine on the GPU (export/tensorrt/).
 DEFAULT_QDQ_OUTPUT = DEFAULT_INT8_OUTPUT.with_name("model.qdq.onnx")
 # fp32 vs fp32: sentence embeddings agree to float32 rounding (docs/models.md); 0.99999 still
 # fails any real mismatch.
