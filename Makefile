@@ -111,7 +111,7 @@ TUNE ?= classify
 P99_MS ?= 100
 BUDGET_S ?= 300
 tune: models
-	$(PY) -m bench tune $(TUNE) --p99-ms $(P99_MS) --budget-s $(BUDGET_S) $(TUNE_ARGS)
+	$(PY) -m tune $(TUNE) --p99-ms $(P99_MS) --budget-s $(BUDGET_S) $(TUNE_ARGS)
 
 # The GPU check. With this venv: pack what a GPU host lacks into .gpu-bundle/ (its size:
 # docs/gpu.md), for the host's Python (GPU_PYTHON=3.10|3.11|3.12). On the GPU host (Python +

@@ -2,7 +2,6 @@
 
 Examples:
     python -m bench perf                      # perf_analyzer vs raw engine and peers (make perf)
-    python -m bench tune classify --p99-ms 80 # SLO tuner: writes configs/local-tuned.pbtxt
     python -m bench.overload --service embed  # load shedding at 4x capacity
     python -m bench.contention                # two models sharing one core
     python -m tests.gpu_check run --smoke --out results/gpu-smoke   # the GPU check, on a CPU
@@ -13,21 +12,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import cli
+from bench import perf
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``perf`` or ``tune``."""
+    """``perf``: the benchmark ``make perf`` runs."""
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    cli.add_parser(sub)
-    cli.add_tune_parser(sub)
-    args = parser.parse_args(argv)
-    return {"perf": cli.run, "tune": cli.tune_run}[args.command](args)
+    perf.add_parser(sub)
+    return perf.run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 import model_config
-from bench import load, stats
+from bench import load
+from bench.harness import affinity, stats
 from client.embed import EmbedClient
 from pipelines import classification as cspec
 from pipelines import embedding as espec
@@ -248,10 +249,8 @@ def run(setups=SETUPS, seconds: float = 8.0, rounds: int = 1) -> list[Result]:
     results = []
     # The server on one core, every load generator on the other: the contention measured is
     # the models' own, not the clients' (spawned workers inherit this process's affinity).
-    cores = sorted(os.sched_getaffinity(0))
-    server_cpus = cores[-1:] if len(cores) > 1 else None
-    if server_cpus:
-        os.sched_setaffinity(0, cores[:-1])
+    server_cpus, load_cpus = affinity.split(server_cores=1)
+    os.sched_setaffinity(0, load_cpus)
     with Server(server_config(server_cpus)) as server:
         results.append(measure(server, ALONE, seconds))
         log.info("%s", row(results[-1]))

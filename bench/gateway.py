@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
 import tempfile
@@ -36,9 +35,8 @@ from pathlib import Path
 import psutil
 import tritonclient.http as httpclient
 
-from bench import affinity, inputs, variants
-from bench import perf_analyzer as pa
-from bench.harness import split_cores
+from bench.harness import affinity, inputs, variants
+from bench.harness import perf_analyzer as pa
 from gateway.nginx import Nginx, OpenAI
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -99,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     levels = [int(x) for x in args.levels.split(",")]
-    server_cpus, load_cpus = split_cores(sorted(os.sched_getaffinity(0)))
+    server_cpus, load_cpus = affinity.split()
     # No model at start: the embedding step is loaded first with its per-text cache off (a
     # Python step is never reloaded: docs/triton-2.51.md), then the ensembles with theirs off.
     extra = ["--model-control-mode=explicit"]

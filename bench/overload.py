@@ -26,6 +26,7 @@ from pathlib import Path
 
 import model_config
 from bench import load
+from bench.harness import affinity
 from client import classify, embed
 from export import samples, text_samples
 from pipelines import classification as cspec
@@ -251,10 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # Server on core 1, this load generator on core 0: open-loop sending at 4x capacity costs
     # a core of its own, which must not come out of the server's.
-    cores = sorted(os.sched_getaffinity(0))
-    server_cpus = cores[1:2] or None
-    if server_cpus:
-        os.sched_setaffinity(0, cores[:1])
+    server_cpus, load_cpus = affinity.split(server_cores=1)
+    os.sched_setaffinity(0, load_cpus)
     service = SERVICES[args.service]
     with Server(server_config(service, server_cpus), log_path=args.log) as server:
         report = run(server, service, args.factor, args.seconds)

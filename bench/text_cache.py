@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import time
 import urllib.request
 from pathlib import Path
@@ -31,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 import model_config
-from bench import affinity, perf_analyzer, report, stats, variants
+from bench import report
+from bench.harness import affinity, perf_analyzer, stats, variants
 from export import text_samples
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -305,14 +305,12 @@ def section(result: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.text_cache --out DIR``: the cases, their JSON and report lines."""
-    from bench.harness import split_cores
-
     p = argparse.ArgumentParser(prog="python -m bench.text_cache", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results") / time.strftime("text-cache-%H%M%S"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    server_cpus, client_cpus = split_cores(sorted(os.sched_getaffinity(0)))
+    server_cpus, client_cpus = affinity.split()
     result = run(args.out, server_cpus, client_cpus)
     print("\n".join(section(result)))
     return 0

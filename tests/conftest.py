@@ -57,7 +57,7 @@ def encoder_onnx() -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def reference(classifier_onnx):
     """The in-process classify pipeline on onnxruntime: what every served path must match."""
-    from bench.reference import ReferenceClassifier
+    from bench.harness.reference import ReferenceClassifier
 
     return ReferenceClassifier(classifier_onnx)
 

@@ -192,7 +192,7 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
     Raises:
         SystemExit: an unsupported Python, or a bundle over MAX_BUNDLE_MIB.
     """
-    from bench import perf_analyzer
+    from bench.harness import perf_analyzer
     from export import samples
 
     if python not in SUPPORTED_PYTHONS:
@@ -442,7 +442,7 @@ def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
 
 def perf_input(photos: list[bytes], directory: Path) -> Path:
     """perf_analyzer --input-data with every photo as one request's IMAGE."""
-    from bench.inputs import image_entries
+    from bench.harness.inputs import image_entries
 
     path = directory / "classify-photos.json"
     path.write_text(json.dumps({"data": image_entries(photos)}))
@@ -468,7 +468,7 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
     """Start the server with the gpu-local configs, check answers, sweep perf_analyzer."""
     import tritonclient.grpc as grpcclient
 
-    from bench import perf_analyzer, stats
+    from bench.harness import perf_analyzer, stats
     from client.classify import ClassifyClient
     from pipelines import classification as spec
     from server import Server

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from bench import harness, report
+from bench.harness import affinity
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import guard
@@ -54,8 +55,7 @@ def small_plan() -> harness.Plan:
 def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
     tmp_path, classifier_onnx, encoder_onnx
 ):
-    cores = sorted(os.sched_getaffinity(0))
-    server_cpus, client_cpus = harness.split_cores(cores)
+    server_cpus, client_cpus = affinity.split()
     lines: list[tuple[float, str]] = []
     hit: dict[str, int] = {}
 

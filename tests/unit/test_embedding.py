@@ -115,7 +115,7 @@ def test_parity_check_fails_for_a_different_network(model, encoder_onnx):
 
 
 def test_buckets_make_the_encoder_faster_on_mixed_traffic(encoder_onnx):
-    from bench.raw import padding_effect
+    from bench.harness.raw import padding_effect
 
     # The INT8 encoder: the same network and shapes at a fraction of the time per pass.
     effect = padding_effect(encoder_onnx[1], threads=1, seconds=0.0, rounds=2)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import affinity, harness, infinity, inputs, report
+from bench import harness, report
+from bench.harness import affinity, inputs
+from bench.peers import infinity
 from export import text_samples
 from tests.helpers import embed_report_row
 

@@ -1,4 +1,4 @@
-"""Model Analyzer's set-up and its picks translated into the changes bench tune makes.
+"""Model Analyzer's set-up and its picks translated into the changes the tuner makes.
 
 What a real run of it found is in docs/performance.md; these tests need no server: the config
 it is given, the repository it reads, and the translation of the configs it writes (as
@@ -14,11 +14,11 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
-from bench import model_analyzer as ma
-from bench import tune
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server.launcher import MODEL_REPOSITORY
+from tune import model_analyzer as ma
+from tune import search
 
 SLO = 60.0
 
@@ -42,14 +42,14 @@ def write_output(out: Path, variant: str, config: mc.ModelConfig) -> None:
 
 def test_its_config_becomes_the_candidate_bench_tune_would_write():
     config = analyzer_config(cspec.CLASSIFIER, max_batch=4, instances=2)
-    assert ma.candidate(config) == tune.Candidate(preferred_batch=4, delay_us=0, instances=2)
+    assert ma.candidate(config) == search.Candidate(preferred_batch=4, delay_us=0, instances=2)
     config.dynamic_batching.max_queue_delay_microseconds = 500
     assert ma.candidate(config).delay_us == 500
 
 
 def test_the_translated_pick_changes_batching_and_instances_and_keeps_max_batch_size():
     pick = ma.candidate(analyzer_config(cspec.CLASSIFIER, max_batch=2, instances=2))
-    variant = tune.variant_for(pick, cspec.CLASSIFIER, cores=1)
+    variant = search.variant_for(pick, cspec.CLASSIFIER, cores=1)
     config = variant.configs(MODEL_REPOSITORY, "local")[cspec.CLASSIFIER]
     base = model_config.resolve(MODEL_REPOSITORY / cspec.CLASSIFIER, "local")
     overlay = model_config.overlay_text(config, base)
@@ -72,7 +72,7 @@ def test_the_best_row_of_a_single_model_run_is_read_back(tmp_path):
     ]  # fmt: skip
     best = ma.best_row(rows, SLO)
     assert best["Model Config Path"] == "classifier_config_2"
-    assert ma.pick(tmp_path, best, ma.target(cspec.CLASSIFIER)) == tune.Candidate(2, 0, 1)
+    assert ma.pick(tmp_path, best, ma.target(cspec.CLASSIFIER)) == search.Candidate(2, 0, 1)
     assert ma.best_row(rows[1:], SLO) is None
 
 
@@ -87,12 +87,12 @@ def test_an_ensembles_row_names_each_steps_config(tmp_path):
     }
     pick = ma.pick(tmp_path, row, ma.target(cspec.ENSEMBLE))
     assert pick == {
-        cspec.PREPROCESS: tune.Candidate(2, 0, 1),
-        cspec.CLASSIFIER: tune.Candidate(4, 0, 1),
-        cspec.POSTPROCESS: tune.Candidate(1, 0, 1),
+        cspec.PREPROCESS: search.Candidate(2, 0, 1),
+        cspec.CLASSIFIER: search.Candidate(4, 0, 1),
+        cspec.POSTPROCESS: search.Candidate(1, 0, 1),
     }
-    # bench tune loads it as it is: one change per step it names.
-    variant = tune.variant_for(pick, cspec.ENSEMBLE, cores=1)
+    # The tuner loads it as it is: one change per step it names.
+    variant = search.variant_for(pick, cspec.ENSEMBLE, cores=1)
     configs = variant.configs(MODEL_REPOSITORY, "local")
     assert list(configs[cspec.POSTPROCESS].dynamic_batching.preferred_batch_size) == [1]
 
@@ -116,10 +116,10 @@ def test_a_shared_servers_row_is_read_per_model(tmp_path):
     assert best is rows[0]
     pick = ma.pick(tmp_path, best, ma.target("shared"))
     assert pick == {
-        cspec.CLASSIFIER: tune.Candidate(4, 0, 2),
-        espec.ENCODER: tune.Candidate(8, 0, 1),
+        cspec.CLASSIFIER: search.Candidate(4, 0, 2),
+        espec.ENCODER: search.Candidate(8, 0, 1),
     }
-    configs = tune.variant_for(pick, tune.SHARED, cores=1).configs(MODEL_REPOSITORY, "local")
+    configs = search.variant_for(pick, search.SHARED, cores=1).configs(MODEL_REPOSITORY, "local")
     assert list(configs[cspec.CLASSIFIER].dynamic_batching.preferred_batch_size) == [4]
     assert list(configs[espec.ENCODER].dynamic_batching.preferred_batch_size) == [8]
 
@@ -149,7 +149,7 @@ def test_the_profile_config_holds_the_slo_the_bounds_and_the_inputs(tmp_path):
     )
     assert config["constraints"] == {"perf_latency_p99": {"max": 60}}
     assert config["objectives"] == ["perf_throughput"]
-    assert config["run_config_search_max_model_batch_size"] == max(tune.BATCHES)
+    assert config["run_config_search_max_model_batch_size"] == max(search.BATCHES)
     assert config["run_config_search_max_instance_count"] == 2
     entry = config["profile_models"][espec.ENCODER]
     assert entry["cpu_only"] is True
@@ -183,29 +183,6 @@ def test_its_tritonserver_is_ours_pinned_with_the_stubs_environment(tmp_path):
     assert "--backend-directory=" in script and "export LD_LIBRARY_PATH=" in script
 
 
-def test_model_analyzer_is_kept_only_within_3_percent_in_no_more_time():
-    from bench import tune_compare as tc
-
-    def entries(quick: float, brute: float, brute_s: float = 400, ours_s: float = 140):
-        # bench tune had Model Analyzer quick's time (150 s) as its budget; 9 verifications.
-        return [
-            tc.Entry("classifier", tc.SERVED, 0, 0, "configs/local", 0, [500.0]),
-            tc.Entry("classifier", "Model Analyzer quick", 150, 4, "q", 0, [quick, quick]),
-            tc.Entry("classifier", "Model Analyzer brute", brute_s, 8, "b", 0, [brute]),
-            tc.Entry("classifier", tc.OURS, ours_s, 9, "ours", 100, [100.0, 100.0]),
-        ]
-
-    # Stopped by its budget (10 s left, 15 s a verification): both had 150 s.
-    assert tc.verdict(entries(97.5, 50)) == "Model Analyzer quick"
-    assert tc.verdict(entries(96.0, 50)) == tc.OURS  # more than 3 % short
-    assert tc.verdict(entries(96.0, 120)) == tc.OURS  # better, but in more time than ours had
-    assert tc.verdict(entries(96.0, 120, brute_s=150)) == "Model Analyzer brute"
-    # Done with all it planned in 90 s: Model Analyzer's 150 s are more.
-    assert tc.verdict(entries(97.5, 50, ours_s=90)) == tc.OURS
-    # The served configs are a control, never a search to keep; without a search of ours, theirs.
-    assert tc.verdict(entries(50, 50)[:3]).startswith("Model Analyzer")
-
-
 def test_the_eta_bounds_every_search_it_can_make_here():
     one, shared = ma.target(cspec.CLASSIFIER), ma.target("shared")
     # 6 batch sizes x 2 instance counts, and the default; 7 concurrencies (1-64).
@@ -218,8 +195,8 @@ def test_the_eta_bounds_every_search_it_can_make_here():
 
 
 def test_bench_tune_hands_it_only_targets_it_is_set_up_for():
-    from bench import tune_session
+    from tune import session
 
-    assert set(tune_session.SEARCH) == set(tune.TARGETS)
-    handed = {t for t, who in tune_session.SEARCH.items() if who == tune_session.MODEL_ANALYZER}
+    assert set(session.SEARCH) == set(search.TARGETS)
+    handed = {t for t, who in session.SEARCH.items() if who == session.MODEL_ANALYZER}
     assert handed and handed <= set(ma.TARGETS)

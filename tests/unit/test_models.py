@@ -157,7 +157,7 @@ def test_postprocess_runs_top_k_once_with_each_requests_own_k(monkeypatch):
 def test_fused_classify_runs_the_model_once_on_decoded_images_and_answers_as_classify(
     monkeypatch, classifier_onnx
 ):
-    from bench.reference import ReferenceClassifier
+    from bench.harness.reference import ReferenceClassifier
 
     model = load(cspec.FUSED)
     runs = onnx_runs(monkeypatch)
@@ -233,7 +233,7 @@ def classifier(classifier_onnx):
 def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(
     classifier, monkeypatch
 ):
-    from bench.reference import ReferenceClassifier
+    from bench.harness.reference import ReferenceClassifier
 
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
     wrong = np.zeros((1, 3, 224, 200), np.float32)  # its own shape group, which cannot run
@@ -422,7 +422,7 @@ def test_texts_as_batch_makes_rows_of_a_1d_batch_and_refuses_none_or_too_many():
 
 def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(monkeypatch):
     """The gpu-local runner (PyTorch), here on a CPU instance; tensors leave through DLPack."""
-    from bench.reference import ReferenceClassifier
+    from bench.harness.reference import ReferenceClassifier
 
     model = load(cspec.CLASSIFIER, config_name="gpu-local")
     passes = counted(monkeypatch, model.runner, "model", len)

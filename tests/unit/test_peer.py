@@ -3,7 +3,7 @@
 Both served models are covered: the classifier and the text embedding (``embed``).
 
 The app is driven in-process through ASGI (no HTTP client library needed); one test starts the
-real ``python -m bench.peer`` process and talks to it over a socket.
+real ``python -m bench.peers.microbatcher`` process and talks to it over a socket.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 import orjson
 import pytest
 
-from bench import peer as peer_mod
-from bench.peer import MicroBatcher, PeerServer, create_app
+from bench.peers import microbatcher as peer_mod
+from bench.peers.microbatcher import MicroBatcher, PeerServer, create_app
 from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding as embed_spec

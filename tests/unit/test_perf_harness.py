@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness, inputs, perf_analyzer, report, stats, variants
+from bench import harness, report
+from bench.harness import affinity, inputs, perf_analyzer, stats, variants
 from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding as espec
@@ -43,7 +44,7 @@ def test_built_commands_drive_perf_analyzer_against_a_real_endpoint(tmp_path):
     """Each kind of command the harness builds, run by the real perf_analyzer against the null
     peer (a KServe v2 HTTP server that answers without a model): every flag is accepted, the
     level comes back as asked, the CSV parses."""
-    from bench.peer import PeerServer
+    from bench.peers.microbatcher import PeerServer
 
     # Zeros: random FP32 data may hold values that JSON cannot carry.
     counted = ["--measurement-mode=count_windows", "--measurement-request-count=40"]
@@ -110,9 +111,11 @@ def test_variants_override_only_what_they_are_about():
 
 
 def test_cores_are_split_between_server_and_load_generator():
-    assert harness.split_cores([0, 1]) == ([1], [0])
-    assert harness.split_cores(list(range(16))) == (list(range(4, 16)), [0, 1, 2, 3])
-    assert harness.split_cores([3]) == ([3], [3])
+    assert affinity.split(cores=[0, 1]) == ([1], [0])
+    assert affinity.split(cores=list(range(16))) == (list(range(4, 16)), [0, 1, 2, 3])
+    assert affinity.split(cores=[3]) == ([3], [3])
+    # The overload and contention benchmarks: the server on one core, the load on the others.
+    assert affinity.split(server_cores=1, cores=[0, 1, 2]) == ([2], [0, 1])
 
 
 def test_short_plan_covers_every_metric_and_stays_small():
@@ -439,13 +442,13 @@ def test_embedding_targets_pass_or_fail_from_ratios_of_the_same_round(tmp_path):
 
 
 def test_the_tuner_measures_embed_where_it_runs_the_tuned_encoder():
-    from bench import tune
+    from tune import search
 
     # The CPU configs serve embed as tokenize_encode alone; the tuned configs keep the encoder.
-    assert not tune.serves_tuned_steps("embed", MODEL_REPOSITORY, "local")
-    assert tune.serves_tuned_steps("embed", MODEL_REPOSITORY, "local-tuned")
-    assert tune.serves_tuned_steps(spec.ENSEMBLE, MODEL_REPOSITORY, "local")
-    assert tune.serves_tuned_steps(spec.CLASSIFIER, MODEL_REPOSITORY, "local")
+    assert not search.serves_tuned_steps("embed", MODEL_REPOSITORY, "local")
+    assert search.serves_tuned_steps("embed", MODEL_REPOSITORY, "local-tuned")
+    assert search.serves_tuned_steps(spec.ENSEMBLE, MODEL_REPOSITORY, "local")
+    assert search.serves_tuned_steps(spec.CLASSIFIER, MODEL_REPOSITORY, "local")
 
 
 def test_ratios_are_taken_against_the_raw_pipeline_read_beside_each_case():

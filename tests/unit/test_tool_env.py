@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench import tool_env
+from bench.harness import tool_env
 
 TOOL = tool_env.ToolEnvironment("some-tool", ("some-tool==1.0",), "some-tool")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import attribution, trace
-from bench.raw import STAGES, STEP_STAGES
+from bench.harness import trace
+from bench.harness.raw import STAGES, STEP_STAGES
+from bench.report import attribution
 from pipelines import classification as spec
 
 STEPS = (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS)

@@ -27,8 +27,9 @@ import psutil
 import tritonclient.http as http
 
 import model_config
-from bench import affinity, infinity, inputs, perf_analyzer, stats, trace, variants
-from bench.raw import STAGE_KIND
+from bench.harness import affinity, inputs, perf_analyzer, stats, trace, variants
+from bench.harness.raw import STAGE_KIND
+from bench.peers import infinity
 from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding
@@ -60,7 +61,7 @@ RATE_STABILITY_PERCENT = 30.0
 # batch answers a few texts per second, and a time window of a second then records none; a
 # window of a few batches swings with the passages each happened to hold.
 MIXED_WINDOW_REQUESTS = 64
-# Traced (bench/trace.py): the ensemble at 1 and at saturation, the one-step variant at 1.
+# Traced (bench/harness/trace.py): the ensemble at 1 and at saturation, the one-step variant at 1.
 TRACED = [(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)] + [
     (spec.FUSED, p, 1) for p in ("grpc", "http")
 ]
@@ -164,7 +165,7 @@ class Plan:
     measurement_ms: int = 1000
     # perf_analyzer's --stability-percentage for concurrency levels (rate levels use their own).
     stability_percent: float = 20.0
-    # infinity-emb (bench/infinity.py) at these concurrencies, with embed and the FastAPI peer
+    # infinity-emb (bench/peers/infinity.py) at these concurrencies, with embed and the FastAPI peer
     # also driven with asynchronous calls at the same levels, for ratios in one calling mode.
     infinity_levels: list[int] = field(default_factory=list)
     raw: bool = True  # measure the raw engine each round
@@ -176,7 +177,7 @@ class Plan:
     # A perf_analyzer run that has not finished by then is a hung server: the case fails.
     case_timeout_s: float = 300.0
     # (model, protocol, concurrency) measured again with Triton's trace on, for where each
-    # request's time goes step by step (bench/trace.py); at concurrency 1 the raw pipeline's
+    # request's time goes step by step (bench/harness/trace.py); at concurrency 1 the raw pipeline's
     # stages are timed right before and after, on the server's cores.
     traced: list[tuple[str, str, int]] = field(default_factory=list)
     # After the rounds: embed's per-text cache under Zipf traffic (bench/text_cache.py).
@@ -421,14 +422,6 @@ def _token_counter(
     return None  # infinity-emb's /metrics has HTTP request metrics only; the null peers run none
 
 
-def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
-    """(server cores, load-generator cores): the generator gets a quarter, at least one."""
-    if len(cores) < 2:
-        return cores, cores
-    n_client = max(1, len(cores) // 4)
-    return cores[n_client:], cores[:n_client]
-
-
 @dataclass
 class Row:
     """One measured case in one round, with what the statistics API saw meanwhile."""
@@ -502,7 +495,7 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
     cmd = [
         sys.executable,
         "-m",
-        "bench.raw",
+        "bench.harness.raw",
         f"--onnx={ONNX}",
         f"--threads={threads}",
         f"--seconds={plan.raw_seconds}",
@@ -532,7 +525,7 @@ def measure_raw(cpus: list[int], threads: int, plan: Plan, encoders: bool = True
 def measure_stages(cpus: list[int], seconds: float) -> dict[str, float]:
     """The raw classify pipeline's stages at batch 1, ms per image, pinned to ``cpus``."""
     cmd = [
-        sys.executable, "-m", "bench.raw", f"--onnx={ONNX}", "--threads=1",
+        sys.executable, "-m", "bench.harness.raw", f"--onnx={ONNX}", "--threads=1",
         f"--seconds={seconds}", "--stages", "--model-batches=", "--pipeline-batches=",
     ]  # fmt: skip
     done = subprocess.run(affinity.pinned(cpus, cmd), capture_output=True, text=True, timeout=300)
@@ -557,14 +550,15 @@ class RawReference:
 
     This machine's speed drifts by tens of percent within a minute (docs/performance.md), more
     than the gaps the targets are about: a served case is only comparable with a raw reading
-    taken seconds from it, under the same drift. ``measure`` is that reading (``bench.raw
+    taken seconds from it, under the same drift. ``measure`` is that reading (``bench.harness.raw
     --serve``; the process idles between readings).
     """
 
     def __init__(self, cpus: list[int], seconds: float = 1.0):
         self.seconds = seconds
         cmd = affinity.pinned(
-            cpus, [sys.executable, "-m", "bench.raw", f"--onnx={ONNX}", "--threads=1", "--serve"]
+            cpus,
+            [sys.executable, "-m", "bench.harness.raw", f"--onnx={ONNX}", "--threads=1", "--serve"],
         )
         self.process = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
@@ -742,7 +736,7 @@ class Runner:
         """All rounds: raw, every variant (rotated order), rate sweep, peer, null peer."""
         data_dir = self.out_dir / "inputs"
         data_dir.mkdir(parents=True, exist_ok=True)
-        from bench.reference import ReferenceClassifier
+        from bench.harness.reference import ReferenceClassifier
 
         reference = ReferenceClassifier(ONNX)
         data = {m: inputs.write(m, data_dir, reference) for m in MODELS + TEXT_MODELS}
@@ -976,7 +970,7 @@ class Runner:
 
     def _peers(self, round_: int, data: dict[str, dict[str, Path]], threads: int) -> None:
         """Each peer model, then its null twin (the load generator's ceiling), per payload."""
-        from bench.peer import PeerServer
+        from bench.peers.microbatcher import PeerServer
 
         for model, by_payload in self.plan.peer_levels.items():
             # classify runs the classifier's model.onnx behind its own decode and top-k.
@@ -1073,7 +1067,7 @@ class TritonUnderTest:
         self.starts += 1
         name = "tritonserver.log" if self.starts == 1 else f"tritonserver-{self.starts}.log"
         # Ports of 0 are filled in by the server: each start gets a copy with fresh ones. Tracing
-        # is possible but off; the traced cases turn it on for their model (bench/trace.py).
+        # is possible but off; the traced cases turn it on for their model (bench/harness/trace.py).
         traces = self.out_dir / trace.FOLDER
         traces.mkdir(parents=True, exist_ok=True)
         trace_args = trace.server_args(traces / f"trace-{self.starts}.json")

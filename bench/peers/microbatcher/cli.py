@@ -1,4 +1,4 @@
-"""``python -m bench.peer``: serve the classifier or the embedding until SIGTERM or Ctrl-C."""
+"""``python -m bench.peers.microbatcher``: serve a model until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from bench.peer.app import create_app
-from bench.peer.models import DEFAULT_EMBED_MODEL, DEFAULT_MODEL, MODEL_NAME, MODELS
+from bench.peers.microbatcher.app import create_app
+from bench.peers.microbatcher.models import DEFAULT_EMBED_MODEL, DEFAULT_MODEL, MODEL_NAME, MODELS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -16,7 +16,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     Exits with a usage error for values out of range or a missing model file.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m bench.peer",
+        prog="python -m bench.peers.microbatcher",
         description="The classifier or the text embedding on FastAPI + uvicorn with an asyncio "
         "micro-batcher, speaking the KServe v2 HTTP protocol (a peer baseline for perf_analyzer).",
     )

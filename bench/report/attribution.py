@@ -1,11 +1,12 @@
 """Where a request's time goes, step by step: the report's section and plot for traced cases.
 
 The traced cases (``bench.harness``, variant ``traced``) ran with Triton's trace on; their
-windows pick their requests out of the run's trace files (``bench.trace``). Laid beside them:
+windows pick their requests out of the run's trace files (``bench.harness.trace``). Laid
+beside them:
 
 * at concurrency 1, the raw pipeline's stages timed on the same core just before and after the
-  case (``bench.raw.stage_times``): a step's compute minus the stages it runs is what serving
-  that step costs beyond the functions themselves;
+  case (``bench.harness.raw.stage_times``): a step's compute minus the stages it runs is what
+  serving that step costs beyond the functions themselves;
 * perf_analyzer's client-side mean latency: minus the server's own span, what the client, the
   loopback and the protocol libraries cost;
 * at saturation, the CPU time each process spent per image (the rows' ``cpu_ms_per_item``):
@@ -21,8 +22,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from bench import trace
-from bench.raw import STEP_STAGES
+from bench.harness import trace
+from bench.harness.raw import STEP_STAGES
 from pipelines import classification as spec
 
 ENS = spec.ENSEMBLE
@@ -214,10 +215,10 @@ def section(rows: list[dict], raw: dict[int, dict], found: dict, problems: list[
         "## Where a request's time goes, step by step (Triton's trace)",
         "",
         "Every request traced (`--trace-config`, level TIMESTAMPS) while perf_analyzer ran; each "
-        "request laid out along its path through the server (`bench/trace.py`), means over the "
-        "requests of a case (its first tenth left out), medians over rounds. The raw pipeline's "
-        "stages (`python -m bench.raw --stages`) were timed on the server's core right before "
-        "and after each case at concurrency 1, the server idle.",
+        "request laid out along its path through the server (`bench/harness/trace.py`), means "
+        "over the requests of a case (its first tenth left out), medians over rounds. The raw "
+        "pipeline's stages (`python -m bench.harness.raw --stages`) were timed on the server's "
+        "core right before and after each case at concurrency 1, the server idle.",
     ]
     for model in _models(rows):
         c1 = concurrency_one(rows, found, model)

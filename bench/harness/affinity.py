@@ -10,6 +10,7 @@ pinned again with ``taskset -a -p`` and each thread's ``Cpus_allowed_list`` is r
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from collections import Counter
@@ -19,6 +20,30 @@ from pathlib import Path
 from server.process import children
 
 log = logging.getLogger(__name__)
+
+
+def split(
+    server_cores: int | None = None, cores: list[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """(server cores, load-generator cores) out of ``cores`` (default: those we may use).
+
+    The load generator gets the first quarter, at least one core, and the server the rest; with
+    ``server_cores`` the server gets that many of the last cores and the generator the others.
+    Apart, so that what the generator spends never comes out of what the server is measured on.
+    With one core both share it.
+    """
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if len(cores) < 2:
+        return cores, cores
+    server = server_cores or len(cores) - max(1, len(cores) // 4)
+    return cores[-server:], cores[:-server]
+
+
+def chosen(server: str | None, client: str | None) -> tuple[list[int], list[int]]:
+    """Cores given as ``--server-cpus 1 --client-cpus 0`` (comma lists), else ``split()``."""
+    server_cpus, client_cpus = split()
+    as_list = lambda text: [int(c) for c in text.split(",")]  # noqa: E731
+    return (as_list(server) if server else server_cpus, as_list(client) if client else client_cpus)
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:

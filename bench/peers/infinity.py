@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import affinity, tool_env
+from bench.harness import affinity, tool_env
 from pipelines import embedding
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, ServerStartError, client_host
@@ -307,7 +307,8 @@ class NullOpenAIServer(_PinnedHttpServer):
 
     def command(self) -> list[str]:
         """Uvicorn from this environment, behind taskset."""
-        cmd = [sys.executable, "-m", "uvicorn", "bench.infinity:null_app", "--host", self.host]
+        cmd = [sys.executable, "-m", "uvicorn", "bench.peers.infinity:null_app"]
+        cmd += ["--host", self.host]
         cmd += ["--port", str(self.port), "--loop", "uvloop", "--http", "httptools"]
         cmd += ["--no-access-log", "--log-level", "warning"]
         return taskset(cmd, self.cpus)

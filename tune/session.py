@@ -1,9 +1,8 @@
 """The SLO tuner against a real server: raw curves, candidates served in turn, perf_analyzer.
 
-``bench.tune`` holds the search (candidates, the queueing model, verification by doubling
+``tune.search`` holds the search (candidates, the queueing model, verification by doubling
 concurrency); a ``Session`` gives it a server to load candidates into and perf_analyzer to
-measure them with, and writes the winner. ``python -m bench tune`` and ``bench.tune_compare``
-(which measures Model Analyzer's picks with the same harness) both run one.
+measure them with, and writes the winner; ``python -m tune`` runs one.
 """
 
 from __future__ import annotations
@@ -14,18 +13,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench import harness, inputs, perf_analyzer, tune
+from bench import harness
+from bench.harness import inputs, perf_analyzer
 from pipelines import classification as spec
 from pipelines import embedding
 from server.launcher import MODEL_REPOSITORY
+from tune import search
 
 Progress = Callable[[str], None]
 
 # Whose search tunes each target: Triton Model Analyzer's quick search where it found as much
-# in no more time, bench tune's own where it did not (docs/performance.md, "Model Analyzer side
-# by side"); bench.tune_compare runs both on every target it has.
-OURS, MODEL_ANALYZER = "bench tune", "Model Analyzer"
-SEARCH = dict.fromkeys(tune.TARGETS, OURS) | {
+# in no more time, the tuner's own where it did not (docs/performance.md, "Model Analyzer side
+# by side", where the two searches were compared on every target).
+OURS, MODEL_ANALYZER = "the tuner", "Model Analyzer"
+SEARCH = dict.fromkeys(search.TARGETS, OURS) | {
     spec.CLASSIFIER: MODEL_ANALYZER,
     embedding.ENCODER: MODEL_ANALYZER,
 }
@@ -35,7 +36,7 @@ class Session:
     """One target tuned against one server (a fresh one per candidate served).
 
     Args:
-        model: the target (``tune.RAW_KIND``).
+        model: the target (``search.RAW_KIND``).
         p99_ms: the SLO.
         out: where the server logs, the inputs and the results go.
         server_cpus: the server's cores.
@@ -55,8 +56,8 @@ class Session:
         config_name: str = "local-tuned",
         progress: Progress = print,
     ):
-        if model not in tune.TARGETS:
-            raise ValueError(f"can tune {', '.join(tune.TARGETS)}, not {model!r}")
+        if model not in search.TARGETS:
+            raise ValueError(f"can tune {', '.join(search.TARGETS)}, not {model!r}")
         if not p99_ms > 0:
             raise ValueError(f"the p99 SLO must be a number of milliseconds > 0, not {p99_ms}")
         self.model, self.p99_ms, self.out = model, p99_ms, out
@@ -68,23 +69,23 @@ class Session:
         self.data: dict[str, Path] = {}
 
     # Raw curves and candidates -------------------------------------------------------------
-    def space(self) -> list[tune.Candidate]:
+    def space(self) -> list[search.Candidate]:
         """The whole search space for the server's cores."""
-        return tune.candidates(max_batch=32, max_instances=max(2, self.cores))
+        return search.candidates(max_batch=32, max_instances=max(2, self.cores))
 
-    def ranked(self) -> dict[str, list[tune.Prediction]]:
+    def ranked(self) -> dict[str, list[search.Prediction]]:
         """Raw curves for every thread budget of the space; each model's feasible candidates.
 
         For one target, its own; for the shared server, each model's as if it were alone.
         """
-        kinds = {m: tune.RAW_KIND[m] for m in self.measured()}
+        kinds = {m: search.RAW_KIND[m] for m in self.measured()}
         plan = harness.Plan.short()
-        plan.raw_model_batches = plan.raw_pipeline_batches = list(tune.BATCHES)
-        plan.raw_embed_batches = list(tune.BATCHES)
+        plan.raw_model_batches = plan.raw_pipeline_batches = list(search.BATCHES)
+        plan.raw_embed_batches = list(search.BATCHES)
         plan.raw_seconds = 1.0
         encoders = any(kind.startswith("embed") for kind in kinds.values())
         raw: dict[str, dict[int, dict[int, float]]] = {m: {} for m in kinds}
-        for threads in sorted({tune.threads_for(c, self.cores) for c in self.space()}):
+        for threads in sorted({search.threads_for(c, self.cores) for c in self.space()}):
             curves = harness.measure_raw(self.server_cpus, threads, plan, encoders=encoders)
             for model, kind in kinds.items():
                 raw[model][threads] = curves[kind]
@@ -92,7 +93,7 @@ class Session:
                     f"raw {kind} curve, {threads} thread(s): "
                     + ", ".join(f"b{b}: {v:.0f}/s" for b, v in curves[kind].items())
                 )
-        ranked = {m: tune.rank(self.space(), raw[m], self.cores, self.p99_ms) for m in kinds}
+        ranked = {m: search.rank(self.space(), raw[m], self.cores, self.p99_ms) for m in kinds}
         for model, predictions in ranked.items():
             self.progress(
                 f"{model}: {len(self.space())} candidates, {len(predictions)} predicted to meet "
@@ -102,7 +103,7 @@ class Session:
 
     # The server ------------------------------------------------------------------------------
     def __enter__(self) -> Session:
-        from bench.reference import ReferenceClassifier
+        from bench.harness.reference import ReferenceClassifier
 
         self.out.mkdir(parents=True, exist_ok=True)
         reference = ReferenceClassifier(harness.ONNX)
@@ -110,14 +111,14 @@ class Session:
         config = harness.server_config(self.server_cpus)
         self.triton = harness.TritonUnderTest(config, self.out).start()
         self.base = self.triton.server.config.model_config_name
-        if self.model in tune.RAW_KIND and not tune.serves_tuned_steps(
+        if self.model in search.RAW_KIND and not search.serves_tuned_steps(
             self.model, MODEL_REPOSITORY, self.base
         ):
             # Measure the candidates as the written configs will serve them (the tuned steps
             # in the ensemble), with the base configs still the ones the overlays start from.
             self.progress(
                 f"{self.model} on configs {self.base} does not run "
-                f"{tune.tuned_models(self.model)}: measuring with "
+                f"{search.tuned_models(self.model)}: measuring with "
                 f"--model-config-name={self.config_name} instead"
             )
             self.triton.close()
@@ -129,16 +130,16 @@ class Session:
         if self.triton is not None:
             self.triton.close()
 
-    def load(self, pick: tune.Candidate | tune.Pick) -> None:
+    def load(self, pick: search.Candidate | search.Pick) -> None:
         """Serve a candidate (or one per step) in a fresh server, the computed path (no cache).
 
         perf_analyzer repeats its inputs, which embed's response cache would answer.
         """
-        self.triton.configure(tune.variant_for(pick, self.model, self.cores), cache=False)
+        self.triton.configure(search.variant_for(pick, self.model, self.cores), cache=False)
 
     def measured(self) -> tuple[str, ...]:
         """The models perf_analyzer loads: the target, or both of a shared server's at once."""
-        return tune.tuned_models(tune.SHARED) if self.model == tune.SHARED else (self.model,)
+        return search.tuned_models(search.SHARED) if self.model == search.SHARED else (self.model,)
 
     def measure(self, level: int) -> perf_analyzer.Point:
         """One concurrency level; an unmeasurable one counts as an SLO break.
@@ -166,7 +167,7 @@ class Session:
             input_data=self.data[model],
             measurement_ms=1000,
             cpus=self.client_cpus,
-            extra=tune.perf_analyzer_flags(model),
+            extra=search.perf_analyzer_flags(model),
         )
         try:
             return perf_analyzer.measure(run, level)
@@ -175,31 +176,31 @@ class Session:
 
     # What the tuner does ---------------------------------------------------------------------
     def search(
-        self, ranked: dict[str, list[tune.Prediction]], budget_s: float
-    ) -> list[tune.Verified]:
+        self, ranked: dict[str, list[search.Prediction]], budget_s: float
+    ) -> list[search.Verified]:
         """Verify the ranked candidates within the budget.
 
-        One target: ``bench.tune.search``. The shared server: its models' best shapes, paired
-        (``bench.tune.shared_picks``), both loaded at once.
+        One target: ``tune.search.search``. The shared server: its models' best shapes, paired
+        (``tune.search.shared_picks``), both loaded at once.
         """
-        if self.model != tune.SHARED:
+        if self.model != search.SHARED:
             predictions = ranked[self.model]
-            return tune.search(
+            return search.search(
                 predictions, self.load, self.measure, self.p99_ms, budget_s, self.progress
             )
-        picks = tune.shared_picks(ranked)
-        return tune.search_picks(
+        picks = search.shared_picks(ranked)
+        return search.search_picks(
             picks, self.load, self.measure, self.p99_ms, budget_s, self.progress
         )
 
-    def verify(self, pick: tune.Candidate | tune.Pick) -> tune.Verified:
+    def verify(self, pick: search.Candidate | search.Pick) -> search.Verified:
         """The best throughput within the SLO of one candidate, by the same harness."""
-        return tune.verify(pick, self.load, self.measure, self.p99_ms)
+        return search.verify(pick, self.load, self.measure, self.p99_ms)
 
-    def write(self, pick: tune.Candidate | tune.Pick, header: str) -> list[Path]:
+    def write(self, pick: search.Candidate | search.Pick, header: str) -> list[Path]:
         """Write a pick as the ``config_name`` overlays of its steps, rendered."""
-        variant = tune.variant_for(pick, self.model, self.cores)
-        return tune.write_configs(variant, MODEL_REPOSITORY, self.base, self.config_name, header)
+        variant = search.variant_for(pick, self.model, self.cores)
+        return search.write_configs(variant, MODEL_REPOSITORY, self.base, self.config_name, header)
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -212,11 +213,11 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
 def write_report(
     out: Path,
     title: str,
-    rows: Sequence[tuple[str, tune.Verified]],
+    rows: Sequence[tuple[str, search.Verified]],
     p99_ms: float,
     notes: Sequence[str] = (),
 ) -> Path:
-    """Write ``report.md`` and ``tune.png`` into ``out``; the report's path.
+    """Write ``report.md`` and ``search.png`` into ``out``; the report's path.
 
     Every verified pick in the order measured: its throughput within the SLO and its p99 there.
 
@@ -240,7 +241,7 @@ def write_report(
     for i, (who, r) in enumerate(rows, 1):
         p99 = f"{r.p99_ms:.1f}" if r.throughput else "–"
         lines.append(
-            f"| {i} | {who} | {tune.label(r.candidate)} | {r.throughput:.1f} | {p99} | "
+            f"| {i} | {who} | {search.label(r.candidate)} | {r.throughput:.1f} | {p99} | "
             f"{r.concurrency} | {r.seconds:.0f} |"
         )
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows) + 2), 4))
@@ -253,7 +254,7 @@ def write_report(
     ax.set_ylabel(f"throughput within p99 ≤ {p99_ms:g} ms (/s)")
     ax.set_title(title)
     fig.tight_layout()
-    plot = out / "tune.png"
+    plot = out / "search.png"
     fig.savefig(plot, dpi=100)
     plt.close(fig)
     lines += ["", f"![throughput of each verified pick]({plot.name})", ""]
@@ -266,9 +267,9 @@ def with_model_analyzer(session: Session, started: float, budget_s: float) -> in
     """Tune ``session``'s target with Model Analyzer's quick search; write and report its pick.
 
     Its pick is measured again by this harness beside the configs served now (for the report),
-    then written as ``session.config_name`` the way ``bench tune`` writes its own.
+    then written as ``session.config_name`` the way the tuner writes its own.
     """
-    from bench import model_analyzer as ma
+    from tune import model_analyzer as ma
 
     target = ma.target(session.model)
     folder = session.out / "model-analyzer"
@@ -292,17 +293,17 @@ def with_model_analyzer(session: Session, started: float, budget_s: float) -> in
         return 1
     pick = ma.pick(folder, outcome.best, target)
     session.progress(
-        f"Model Analyzer's pick: {tune.label(pick)} ({outcome.configs} configs, "
+        f"Model Analyzer's pick: {search.label(pick)} ({outcome.configs} configs, "
         f"{outcome.measurements} measurements, {outcome.seconds:.0f} s); measuring it again"
     )
     with session:
         rows = [("Model Analyzer", session.verify(pick)), ("served now", session.verify({}))]
         header = (
-            f"Written by `python -m bench tune {session.model} --p99-ms {session.p99_ms:g}` "
+            f"Written by `python -m tune {session.model} --p99-ms {session.p99_ms:g}` "
             f"with Triton Model Analyzer's quick search; what it measured: {folder / 'export'}."
         )
         for path in session.write(pick, header):
-            session.progress(tune.describe(path))
+            session.progress(search.describe(path))
     notes = [
         f"Triton Model Analyzer {ma.VERSION}, quick search: {outcome.configs} configs, "
         f"{outcome.measurements} measurements, {outcome.seconds:.0f} s; its own number for its "

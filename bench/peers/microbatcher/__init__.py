@@ -17,11 +17,11 @@ It serves one of two models (``--model-name``), under the same name and tensors 
 It speaks the subset of the KServe v2 HTTP protocol that Triton's ``perf_analyzer`` uses, so the
 same load generator with the same payload drives both::
 
-    python -m bench.peer --port 8010 &
+    python -m bench.peers.microbatcher --port 8010 &
     perf_analyzer -m classifier -u 127.0.0.1:8010 -i http \
         --input-tensor-format json --output-tensor-format json --input-data zero
 
-    python -m bench.peer --model-name embed --port 8011 &
+    python -m bench.peers.microbatcher --model-name embed --port 8011 &
     perf_analyzer -m embed -u 127.0.0.1:8011 -i http --input-data texts.json
 
 Tensors may be JSON (flat or nested ``data``; strings for BYTES) or Triton's binary tensor
@@ -35,11 +35,16 @@ decoding and encoding), ``stats`` (Triton-shaped statistics), ``batcher`` (the m
 ``app`` (the FastAPI endpoints), ``process`` (the managed process), ``cli`` (the command line).
 """
 
-from bench.peer.app import create_app
-from bench.peer.batcher import MicroBatcher
-from bench.peer.cli import main, parse_args
-from bench.peer.models import DEFAULT_EMBED_MODEL, DEFAULT_MODEL, MODEL_NAME, served_model
-from bench.peer.process import PeerServer
+from bench.peers.microbatcher.app import create_app
+from bench.peers.microbatcher.batcher import MicroBatcher
+from bench.peers.microbatcher.cli import main, parse_args
+from bench.peers.microbatcher.models import (
+    DEFAULT_EMBED_MODEL,
+    DEFAULT_MODEL,
+    MODEL_NAME,
+    served_model,
+)
+from bench.peers.microbatcher.process import PeerServer
 
 __all__ = [
     "DEFAULT_EMBED_MODEL",

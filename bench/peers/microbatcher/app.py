@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bench.peer.batcher import MicroBatcher
-from bench.peer.models import (
+from bench.peers.microbatcher.batcher import MicroBatcher
+from bench.peers.microbatcher.models import (
     EXTENSIONS,
     HEADER_LENGTH,
     JSON_TYPE,
@@ -28,8 +28,8 @@ from bench.peer.models import (
     UnknownModelError,
     served_model,
 )
-from bench.peer.protocol import DecodedRequest, decode_request, encode_response
-from bench.peer.stats import ModelStats, Timing
+from bench.peers.microbatcher.protocol import DecodedRequest, decode_request, encode_response
+from bench.peers.microbatcher.stats import ModelStats, Timing
 
 log = logging.getLogger(__name__)
 

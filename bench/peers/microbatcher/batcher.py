@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.peer.models import Padded
-from bench.peer.stats import ModelStats, Timing
+from bench.peers.microbatcher.models import Padded
+from bench.peers.microbatcher.stats import ModelStats, Timing
 
 log = logging.getLogger(__name__)
 

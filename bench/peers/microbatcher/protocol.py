@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 from fastapi.responses import Response
 
-from bench.peer.models import (
+from bench.peers.microbatcher.models import (
     HEADER_LENGTH,
     JSON_TYPE,
     MODEL_NAME,

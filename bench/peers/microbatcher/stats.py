@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from bench.peer.models import MODEL_NAME, MODEL_VERSION
+from bench.peers.microbatcher.models import MODEL_NAME, MODEL_VERSION
 
 
 # Server-side statistics (Triton's /stats shape, so perf_analyzer can report them) ----------
