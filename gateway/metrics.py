@@ -3,8 +3,8 @@
 nginx (rendered with ``--limits``, see ``gateway/nginx.py``) writes one JSON line per inference
 request it shapes: tenant, model, protocol and ``$limit_req_status`` (``PASSED`` or
 ``REJECTED``). Open-source nginx keeps no counters of its own for ``limit_req``, so this
-exporter follows that file and serves ``gateway_requests_total`` on ``/metrics``, with the same
-name and labels as ``gateway.router``'s counter (``gateway="nginx"`` here).
+exporter follows that file and serves ``gateway_requests_total`` on ``/metrics``
+(``gateway="nginx"``; name and labels in ``gateway.shaping``).
 
     python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145
 

@@ -14,13 +14,8 @@ Example:
         outputs = connection.make_outputs(router.mod, ["EMBEDDING"])
         result = router.infer("user-42", "embed", inputs, outputs)
 
-With ``limits`` (``gateway.shaping.load_limits("docker/nginx/limits.toml")``), the router
-shapes traffic as nginx does with the same file: a token bucket per tenant (told apart by the
-API key header in ``headers=``) and per model. A request over either bucket raises
-:class:`RateLimited` (status ``429``, gRPC ``StatusCode.RESOURCE_EXHAUSTED``, as through nginx)
-without reaching a server, and ``router.registry`` counts every decision in
-``gateway_requests_total`` for Prometheus. The buckets belong to this router: several
-processes each with a router share nothing, so give each its share of the rates.
+Traffic shaping (token buckets per tenant and model) is nginx's job, not this module's: put
+``python -m gateway.nginx`` in front of the servers where callers must be held to a rate.
 """
 
 from __future__ import annotations
@@ -35,16 +30,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
 from tritonclient.utils import InferenceServerException
 
 from client import connection
-from gateway import shaping
 
 __all__ = [
     "AllShardsFailed",
     "HashRing",
-    "RateLimited",
     "Routed",
     "Router",
     "ShardStats",
@@ -218,24 +210,6 @@ class AllShardsFailed(connection.ClientError):
     """Every shard tried for a request failed at the connection level."""
 
 
-class RateLimited(InferenceServerException):
-    """Refused by the router's traffic shaping, as nginx refuses it (never retried).
-
-    ``status()`` is ``"429"`` for HTTP routers and ``"StatusCode.RESOURCE_EXHAUSTED"`` for gRPC
-    ones, what tritonclient reports for nginx's refusal. ``retry_after`` is in whole seconds.
-    """
-
-    def __init__(self, decision: shaping.Decision, protocol: str):
-        status = "429" if protocol == "http" else "StatusCode.RESOURCE_EXHAUSTED"
-        super().__init__(
-            f"rate limit exceeded for tenant {decision.tenant}: "
-            f"retry after {decision.retry_after} s",
-            status=status,
-        )
-        self.decision = decision
-        self.retry_after = decision.retry_after
-
-
 class Router:
     """Route inferences by key over several Triton servers (HTTP or gRPC); a context manager.
 
@@ -251,9 +225,6 @@ class Router:
             thread; ``None`` disables it (shards then go down only on failures and come back
             only through ``check()``).
         probe_timeout: seconds a readiness probe may take.
-        limits: token buckets per tenant and model (``gateway.shaping``); None: no shaping.
-        registry: where the shaping counter is kept (a new registry by default); serve it
-            with ``prometheus_client.start_http_server(port, registry=router.registry)``.
     """
 
     def __init__(
@@ -265,16 +236,9 @@ class Router:
         request_timeout: float = 30.0,
         health_interval: float | None = 0.5,
         probe_timeout: float = 1.0,
-        limits: shaping.Limits | None = None,
-        registry: CollectorRegistry | None = None,
     ):
         if not shards:
             raise ValueError("a router needs at least one shard")
-        self.shaper = shaping.Shaper(limits) if limits is not None else None
-        self.registry = registry or CollectorRegistry()
-        self._shaped = Counter(
-            shaping.METRIC, shaping.METRIC_HELP, shaping.LABELS, registry=self.registry
-        )
         self.protocol = protocol
         self.mod = connection.module(protocol)
         self.ring = HashRing(shards, vnodes)
@@ -439,19 +403,6 @@ class Router:
                 self.check(shard)
 
     # Inference ----------------------------------------------------------------------------
-    def shape(self, model: str, headers: Mapping[str, str] | None = None) -> shaping.Decision:
-        """Admit or refuse one request for ``model`` from the tenant whose key is in ``headers``.
-
-        Counted in ``gateway_requests_total``; without limits every request is admitted.
-        """
-        if self.shaper is None:
-            return shaping.Decision(True, shaping.ANONYMOUS)
-        tenant = self.shaper.limits.tenant_of(headers)
-        decision = self.shaper.admit(tenant, model)
-        outcome = shaping.ADMITTED if decision.admitted else shaping.REFUSED
-        self._shaped.labels("router", tenant, model, self.protocol, outcome).inc()
-        return decision
-
     def route(self, key: str, model: str, inputs, outputs=None, **kwargs) -> Routed:
         """Infer on ``key``'s shard, failing over along the ring walk.
 
@@ -466,14 +417,10 @@ class Router:
             The result, the shard that answered and every shard tried.
 
         Raises:
-            RateLimited: the tenant's or the model's bucket is empty (with ``limits``).
             InferenceServerException: a non-retryable error (a bad request), from the first
                 shard that reported it; other shards are not tried.
             AllShardsFailed: every shard tried failed at the connection level.
         """
-        decision = self.shape(model, kwargs.get("headers"))
-        if not decision.admitted:
-            raise RateLimited(decision, self.protocol)
         attempts: list[str] = []
         last: BaseException | None = None
         if self.protocol == "grpc":

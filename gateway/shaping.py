@@ -1,8 +1,8 @@
 """Traffic shaping at the gateway: token buckets per tenant and per model, from one TOML file.
 
 ``docker/nginx/limits.toml`` sets a rate and a capacity for every tenant and every model. nginx
-enforces it with ``limit_req`` (``gateway/nginx.py`` renders the zones), and ``gateway.router``
-enforces the same file with :class:`Shaper`, so that either gateway admits the same requests.
+enforces it with ``limit_req`` (``gateway/nginx.py`` renders the zones); this module reads and
+checks the file and names the counter that ``gateway/metrics.py`` keeps of nginx's decisions.
 
 A bucket holds at most ``capacity`` tokens and gains ``rate`` tokens a second; it starts full.
 A request takes one token from its tenant's bucket and one from its model's; when either is
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,19 +33,16 @@ except ModuleNotFoundError:  # Python 3.10 (the NGC container): the same parser 
 __all__ = [
     "ANONYMOUS",
     "METRIC",
-    "Bucket",
-    "Decision",
     "Limit",
     "Limits",
-    "Shaper",
     "load_limits",
     "retry_after_s",
 ]
 
 ANONYMOUS = "anonymous"
 DEFAULT_HEADER = "X-Api-Key"
-# The Prometheus counter both gateways keep (gateway/metrics.py for nginx, gateway.router
-# for the Python router): requests by gateway, tenant, model, protocol and outcome.
+# The Prometheus counter of nginx's shaping (gateway/metrics.py): requests by gateway, tenant,
+# model, protocol and outcome.
 METRIC = "gateway_requests"
 METRIC_HELP = "Inference requests seen by the gateway's traffic shaping, by outcome."
 LABELS = ("gateway", "tenant", "model", "protocol", "outcome")
@@ -103,18 +98,6 @@ class Limits:
     keys: Mapping[str, str]
     models: Mapping[str, Limit]
     header: str = DEFAULT_HEADER
-
-    def tenant_of(self, headers: Mapping[str, str] | None) -> str:
-        """The tenant whose key is in ``headers``.
-
-        The header's name is compared ignoring case (as HTTP does), its value exactly (as the
-        nginx config does).
-        """
-        wanted = self.header.lower()
-        for name, value in (headers or {}).items():
-            if name.lower() == wanted:
-                return self.keys.get(value, ANONYMOUS)
-        return ANONYMOUS
 
 
 def _limit(section: object, where: str) -> Limit:
@@ -202,77 +185,3 @@ def load_limits(path: str | Path, placeholders: bool = False) -> Limits:
         return parse_limits(data, placeholders)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-
-
-class Bucket:
-    """One token bucket (not thread-safe: :class:`Shaper` holds the lock)."""
-
-    def __init__(self, limit: Limit, now: float):
-        self.limit = limit
-        self.tokens = float(limit.capacity)
-        self.updated = now
-
-    def refill(self, now: float) -> None:
-        """Add the tokens earned since the last refill, up to the capacity."""
-        earned = (now - self.updated) * self.limit.rate
-        self.tokens = min(float(self.limit.capacity), self.tokens + max(0.0, earned))
-        self.updated = now
-
-    def wait(self) -> float:
-        """Seconds until the bucket holds a whole token (0 if it does)."""
-        return max(0.0, (1.0 - self.tokens) / self.limit.rate)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the shaper decided for one request.
-
-    Attributes:
-        admitted: True if the request may go on.
-        tenant: the tenant it was counted for.
-        limited_by: ``"tenant"`` or ``"model"`` when refused, else ``None``.
-        retry_after: whole seconds after which a retry can be admitted (0 when admitted).
-    """
-
-    admitted: bool
-    tenant: str
-    limited_by: str | None = None
-    retry_after: int = 0
-
-
-class Shaper:
-    """Token buckets for every tenant and model of ``limits``; thread-safe.
-
-    Args:
-        limits: the settings (see :func:`load_limits`).
-        clock: seconds, monotonic (tests pass their own).
-    """
-
-    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic):
-        self.limits = limits
-        self._clock = clock
-        now = clock()
-        self._tenants = {name: Bucket(limit, now) for name, limit in limits.tenants.items()}
-        self._models = {name: Bucket(limit, now) for name, limit in limits.models.items()}
-        self._lock = threading.Lock()
-
-    def admit(self, tenant: str, model: str) -> Decision:
-        """Take a token from ``tenant``'s bucket and from ``model``'s (if it has one).
-
-        Either both are taken or neither: a refused request costs nothing, as in nginx.
-        """
-        with self._lock:
-            now = self._clock()
-            buckets = [("tenant", self._tenants[tenant])]
-            if model in self._models:
-                buckets.append(("model", self._models[model]))
-            for _, bucket in buckets:
-                bucket.refill(now)
-            empty = [(kind, b) for kind, b in buckets if b.tokens < 1.0]
-            if empty:
-                kind, _ = empty[0]
-                wait = max(b.wait() for _, b in empty)
-                return Decision(False, tenant, kind, retry_after_s(wait))
-            for _, bucket in buckets:
-                bucket.tokens -= 1.0
-            return Decision(True, tenant)

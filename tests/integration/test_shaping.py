@@ -1,4 +1,4 @@
-"""Traffic shaping under load: real nginx and the Python router in front of two real tritonservers.
+"""Traffic shaping under load: real nginx in front of two real tritonservers.
 
 A "flood" tenant sends ten times its rate; a "calm" tenant sends at its own. Every request is
 scheduled at a fixed time (open loop: a slow answer does not slow the sender), and each one
@@ -7,7 +7,7 @@ ends as answered, refused (HTTP 429 / gRPC RESOURCE_EXHAUSTED) or failed.
 How much a flood slows the calm tenant depends on the machine: its speed and whatever else runs
 on it. So each test measures its own control on the same servers, in the same run: the same
 flood through a gateway whose flood buckets are wide open (a second nginx rendered with those
-limits, a second router). The calm tenant is measured alone, under the shaped flood, then
+limits). The calm tenant is measured alone, under the shaped flood, then
 under the unshaped one, and the tests assert what shaping promises:
 
 * the shaped flood is admitted its capacity plus its rate times the time it sent, and the rest
@@ -15,8 +15,7 @@ under the unshaped one, and the tests assert what shaping promises:
 * the calm tenant is refused nothing, and its p99 under the shaped flood is at most half its p99
   under the unshaped flood (SHAPED_FRACTION). With shaping off both arms carry the same load and
   that ratio is about 1; shaped, the servers see a tenth of the flood;
-* the same for one model flooded past its per-model limit, with another model alongside, and
-  for the Python router;
+* the same for one model flooded past its per-model limit, with another model alongside;
 * nothing is lost: every request sent is answered or refused, none fails or hangs.
 
 The flood sends many small requests (four texts), the calm tenant fewer larger ones (8 texts).
@@ -46,7 +45,6 @@ from client.embed import build_inputs
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx import Nginx
-from gateway.router import RateLimited, Router
 from pipelines import embedding as spec
 from server import Server, ServerConfig
 
@@ -458,40 +456,6 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
     while metric(exporter, shaping.ANONYMOUS, spec.ENSEMBLE, "refused", "grpc") == before:
         assert time.monotonic() < deadline, "the exporter did not count the gRPC refusal"
         time.sleep(0.1)
-
-
-def test_the_router_shapes_like_nginx(servers):
-    shards = {f"s{i}": s.http_url for i, s in enumerate(servers)}
-    counter = itertools.count()
-
-    def senders(router: Router) -> tuple:
-        def sender(key: str, tag: str, n_texts: int):
-            def send(i: int) -> None:
-                inputs = build_inputs(router.mod, texts(tag, n_texts))
-                router.infer(
-                    f"{tag}-{next(counter) % 7}", spec.ENSEMBLE, inputs, headers={"X-Api-Key": key}
-                )
-
-            return send
-
-        return (
-            sender(FLOOD_KEY, "router-flood", FLOOD_TEXTS),
-            sender(CALM_KEY, "router-calm", CALM_TEXTS),
-        )
-
-    with (
-        Router(shards, "http", limits=LIMITS, health_interval=None) as router,
-        Router(shards, "http", limits=UNSHAPED, health_interval=None) as unshaped,
-    ):
-        run = flood_and_calm(senders(router), senders(unshaped), FLOOD)
-        refused = router.registry.get_sample_value(
-            f"{shaping.METRIC}_total",
-            {"gateway": "router", "tenant": "flood", "model": spec.ENSEMBLE, "protocol": "http",
-             "outcome": "refused"},
-        )  # fmt: skip
-    check(run, FLOOD)
-    assert refused == run.shaped_flood.refused
-    assert issubclass(RateLimited, InferenceServerException)
 
 
 def metric(

@@ -1,4 +1,4 @@
-"""Token buckets (gateway/shaping.py), the shaping log exporter and the router's shaping."""
+"""nginx's token buckets: the limits file (gateway/shaping.py), its nginx config, the exporter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from prometheus_client import generate_latest
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx import LIMITS, check_config, render
-from gateway.router import RateLimited, Router, is_retryable
 from tests.helpers import limits_with_secret_keys
 
 SECTIONS = {
@@ -24,23 +23,6 @@ SECTIONS = {
     },
     "models": {"embed": {"rate": 4, "capacity": 3}},
 }
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-def admitted(shaper: shaping.Shaper, tenant: str, model: str, n: int) -> int:
-    return sum(shaper.admit(tenant, model).admitted for _ in range(n))
 
 
 def test_the_repository_limits_file_loads_and_names_every_tenant():
@@ -55,66 +37,6 @@ def test_a_gateway_refuses_the_committed_placeholder_keys(tmp_path):
     secret = shaping.load_limits(limits_with_secret_keys(tmp_path / "limits.toml"))
     assert set(secret.keys.values()) == {"team-a", "team-b"}
     assert not any(shaping.PLACEHOLDER in key for key in secret.keys)
-
-
-def test_a_full_bucket_admits_its_capacity_at_once_then_its_rate(clock):
-    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
-    assert admitted(shaper, "a", "classify", 50) == 10  # the example: capacity 10, 2/s
-    clock.now += 1.0
-    assert admitted(shaper, "a", "classify", 50) == 2
-    clock.now += 0.25
-    assert admitted(shaper, "a", "classify", 50) == 0  # half a token is not a request
-    clock.now += 0.25
-    assert admitted(shaper, "a", "classify", 50) == 1
-    clock.now += 3600  # refills up to the capacity, not beyond
-    assert admitted(shaper, "a", "classify", 50) == 10
-
-
-def test_five_times_the_rate_gets_capacity_plus_rate_times_duration(clock):
-    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
-    decisions = []
-    for _ in range(100):  # 10 s at 10/s: five times tenant a's rate
-        decisions.append(shaper.admit("a", "classify").admitted)
-        clock.now += 0.1
-    assert sum(decisions) == 10 + 2 * 10 - 1  # the last tenth of a second earns no token
-
-
-def test_tenants_have_separate_buckets(clock):
-    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
-    assert admitted(shaper, "a", "classify", 50) == 10
-    assert admitted(shaper, "b", "classify", 5) == 1
-    assert admitted(shaper, shaping.ANONYMOUS, "classify", 5) == 2
-
-
-def test_a_model_bucket_is_shared_by_tenants_and_a_refusal_costs_no_token(clock):
-    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
-    assert admitted(shaper, "a", "embed", 2) == 2
-    decision = shaper.admit(shaping.ANONYMOUS, "embed")
-    assert decision.admitted
-    refused = shaper.admit("a", "embed")
-    assert (refused.admitted, refused.limited_by, refused.retry_after) == (False, "model", 1)
-    # Tenant a's bucket was not charged for the refused request: 8 of 10 tokens are left.
-    assert admitted(shaper, "a", "classify", 50) == 8
-
-
-def test_retry_after_is_the_wait_for_a_token_rounded_up(clock):
-    shaper = shaping.Shaper(shaping.parse_limits(SECTIONS), clock)
-    assert shaper.admit("b", "classify").admitted
-    decision = shaper.admit("b", "classify")  # 0.5/s: a token in 2 s
-    assert (decision.admitted, decision.limited_by, decision.retry_after) == (False, "tenant", 2)
-    clock.now += 1.5
-    assert shaper.admit("b", "classify").retry_after == 1
-    clock.now += 0.5
-    assert shaper.admit("b", "classify").admitted
-
-
-def test_tenants_are_found_by_their_key_header_case_insensitively_and_the_key_exactly():
-    limits = shaping.parse_limits(SECTIONS)
-    assert limits.tenant_of({"x-api-key": "key-of-a-2"}) == "a"
-    assert limits.tenant_of({"X-API-KEY": "key-of-b-1"}) == "b"
-    assert limits.tenant_of({"X-Api-Key": "KEY-OF-B-1"}) == shaping.ANONYMOUS
-    assert limits.tenant_of({"X-Api-Key": "not-a-known-key"}) == shaping.ANONYMOUS
-    assert limits.tenant_of(None) == shaping.ANONYMOUS
 
 
 @pytest.mark.parametrize(
@@ -263,41 +185,6 @@ def test_the_exporter_can_skip_what_the_log_already_holds(tmp_path):
     with log.open("a") as f:
         f.write(line("a", "PASSED"))
     assert exporter.poll() == 1
-
-
-# The router -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("protocol", "status"), [("http", "429"), ("grpc", "StatusCode.RESOURCE_EXHAUSTED")]
-)
-def test_the_router_refuses_over_the_bucket_before_reaching_a_server(protocol, status):
-    limits = shaping.parse_limits(SECTIONS)
-    # Nothing listens there: an admitted request fails to connect, a refused one never tries.
-    router = Router({"s": "127.0.0.1:9"}, protocol, health_interval=None, limits=limits)
-    with router:
-        with pytest.raises(RateLimited) as refused:
-            for _ in range(3):  # b: capacity 1
-                try:
-                    router.route("u", "classify", [], headers={"X-Api-Key": "key-of-b-1"})
-                except RateLimited:
-                    raise
-                except Exception:  # noqa: BLE001 - the admitted one cannot connect
-                    continue
-        assert refused.value.status() == status and refused.value.retry_after == 2
-        assert "tenant b" in refused.value.message()
-        assert not is_retryable(refused.value)
-        stats = router.stats()["s"]
-        assert stats.requests == 1  # only the admitted request reached for the shard
-        value = router.registry.get_sample_value(
-            f"{shaping.METRIC}_total",
-            {"gateway": "router", "tenant": "b", "model": "classify", "protocol": protocol,
-             "outcome": "refused"},
-        )  # fmt: skip
-        assert value == 1
-
-
-def test_a_router_without_limits_admits_everything():
-    with Router({"s": "127.0.0.1:9"}, health_interval=None) as router:
-        assert all(router.shape("embed").admitted for _ in range(1000))
 
 
 def comment_block_above(lines: list[str], index: int) -> list[str]:
