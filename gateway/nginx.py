@@ -118,6 +118,7 @@ class OpenAI:
         models: OpenAI model id → the Triton ensemble it calls (one that answers TOKENS).
         max_inputs: the most texts one call may carry (more: 413).
         chunk: texts per Triton request (the ensembles' max_batch_size).
+        dimensions: the floats of one embedding, which the script checks every answer against.
         max_body: ``client_max_body_size`` of the API, held in memory whole for the script:
             4 MiB is 2048 texts of 2 KiB, over the 256 word pieces the model reads of each
             (OpenAI's own API takes at most 300,000 tokens a call, about 1.2 MB of English).
@@ -126,6 +127,7 @@ class OpenAI:
     models: tuple[tuple[str, str], ...] = tuple(espec.OPENAI_MODELS.items())
     max_inputs: int = espec.MAX_OPENAI_INPUTS
     chunk: int = espec.MAX_TEXTS
+    dimensions: int = espec.HIDDEN_SIZE
     max_body: str = "4m"
 
 
@@ -331,6 +333,7 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         f'            set $openai_models "{ids}";',
         f"            set $openai_max_inputs {openai.max_inputs};",
         f"            set $openai_chunk {openai.chunk};",
+        f"            set $openai_dimensions {openai.dimensions};",
         # The script reads the body from memory: it must never go to a temp file.
         f"            client_max_body_size {openai.max_body};",
         f"            client_body_buffer_size {openai.max_body};",
@@ -360,7 +363,8 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         '            proxy_set_header admin-key "";',
         # The script parses the body: no compression (Triton gzips when a client asks).
         '            proxy_set_header Accept-Encoding "";',
-        # The whole answer of one Triton request (64 texts of 384 floats and a JSON header).
+        # The whole answer of one Triton request (`chunk` texts of `dimensions` floats and a
+        # JSON header).
         "            subrequest_output_buffer_size 1m;",
         "            proxy_pass http://triton_http/v2/models/$openai_triton/infer;",
         "        }",

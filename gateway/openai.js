@@ -3,7 +3,7 @@
 //
 // POST /v1/embeddings turns one OpenAI request into Triton inference requests on the model it
 // names (nginx sends `embed` to the ensemble `embed_with_tokens`, `embed_int8` to
-// `embed_int8_with_tokens`): TEXT [n, 1] in, EMBEDDING [n, 384] back (as Triton's JSON
+// `embed_int8_with_tokens`): TEXT [n, 1] in, EMBEDDING [n, d] back (as Triton's JSON
 // numbers, or as raw float32 bytes for base64) and TOKENS [n, 1] (word pieces after
 // truncation, for usage). A call of more texts than the
 // model's max_batch_size goes out as several requests at once; their results are joined in
@@ -11,13 +11,13 @@
 //   $openai_models      the model ids, space-separated
 //   $openai_max_inputs  the most texts one call may carry (413 above)
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
+//   $openai_dimensions  d, the floats of one embedding (pipelines/embedding.py's HIDDEN_SIZE)
 //   $openai_shaping     1 with limits.toml: the call takes its tokens first
 // and the internal locations /_openai/<model id>/shape, where the token buckets of
 // limits.toml count the call (429 with Retry-After) before its body is parsed, and
 // /_openai/<model id>/infer, which proxies to Triton's HTTP endpoint.
 // Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
-const DIMENSIONS = 384;
 const INFER = '/_openai/';
 
 function reply(r, status, body, headers) {
@@ -133,17 +133,19 @@ function parse(r) {
         throw new ApiError(400, "'encoding_format' must be 'float' or 'base64'",
             'encoding_format');
     }
+    const dimensions = parseInt(r.variables.openai_dimensions);
     if (request.dimensions !== undefined && request.dimensions !== null
-        && request.dimensions !== DIMENSIONS) {
+        && request.dimensions !== dimensions) {
         throw new ApiError(400, "'dimensions' is not supported: " + request.model
-            + ' embeddings have ' + DIMENSIONS + ' dimensions', 'dimensions');
+            + ' embeddings have ' + dimensions + ' dimensions', 'dimensions');
     }
     const maxInputs = parseInt(r.variables.openai_max_inputs);
-    return {model: request.model, texts: texts(request.input, maxInputs), encoding: encoding};
+    return {model: request.model, texts: texts(request.input, maxInputs), encoding: encoding,
+        dimensions: dimensions};
 }
 
 // Triton's request for some texts. Floats come back as Triton's own JSON numbers, which this
-// script splices into its answer as they are: formatting 384 floats a text here cost more than
+// script splices into its answer as they are: formatting every float of a text here cost more than
 // the gateway's whole work (docs/models.md, "The gateway's cost"). base64 comes back as the
 // raw float32 bytes it encodes.
 function tritonRequest(chunk, encoding) {
@@ -188,8 +190,8 @@ function jsonData(text, name) {
     return text.slice(start + 8, text.indexOf(']', start));
 }
 
-// [{embedding: its JSON text, tokens}] of one Triton response.
-function decode(response, count, encoding) {
+// [{embedding: its JSON text, tokens}] of one Triton response: `count` texts of `dimensions`.
+function decode(response, count, encoding, dimensions) {
     const items = [];
     let tokens;
     if (encoding === 'base64') {
@@ -197,7 +199,7 @@ function decode(response, count, encoding) {
         const headerLength = parseInt(response.headersOut['Inference-Header-Content-Length']);
         const header = buffer.slice(0, headerLength).toString();
         tokens = JSON.parse('[' + jsonData(header, 'TOKENS') + ']');
-        const size = DIMENSIONS * 4;
+        const size = dimensions * 4;
         // The only binary output: EMBEDDING's bytes follow the header.
         if (buffer.length - headerLength !== count * size) {
             throw new ApiError(500, 'the model answered ' + (buffer.length - headerLength)
@@ -211,12 +213,12 @@ function decode(response, count, encoding) {
         const text = response.responseText;
         tokens = JSON.parse('[' + jsonData(text, 'TOKENS') + ']');
         const floats = jsonData(text, 'EMBEDDING').split(',');
-        if (floats.length !== count * DIMENSIONS) {
+        if (floats.length !== count * dimensions) {
             throw new ApiError(500, 'the model answered ' + floats.length + ' floats for '
-                + count + ' texts of ' + DIMENSIONS);
+                + count + ' texts of ' + dimensions);
         }
         for (let i = 0; i < count; i++) {
-            items.push('[' + floats.slice(i * DIMENSIONS, (i + 1) * DIMENSIONS).join(',') + ']');
+            items.push('[' + floats.slice(i * dimensions, (i + 1) * dimensions).join(',') + ']');
         }
     }
     if (tokens.length !== count) {
@@ -269,7 +271,7 @@ async function embeddings(r) {
             if (responses[c].status !== 200) {
                 throw tritonError(r, responses[c], call.model);
             }
-            const items = decode(responses[c], chunks[c].length, call.encoding);
+            const items = decode(responses[c], chunks[c].length, call.encoding, call.dimensions);
             for (let i = 0; i < items.length; i++) {
                 data.push('{"object":"embedding","index":' + data.length + ',"embedding":'
                     + items[i].embedding + '}');

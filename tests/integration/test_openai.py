@@ -164,7 +164,7 @@ BAD_CALLS = {
     "token ids": ({"input": [[101, 7592, 102]]}, 400, "token ids are not supported"),
     "flat token ids": ({"input": [101, 7592, 102]}, 400, "token ids are not supported"),
     "too many": ({"input": ["t"] * (spec.MAX_OPENAI_INPUTS + 1)}, 413, "at most 2048"),
-    "dimensions": ({"input": "x", "dimensions": 64}, 400, "have 384 dimensions"),
+    "dimensions": ({"input": "x", "dimensions": 64}, 400, f"have {spec.HIDDEN_SIZE} dimensions"),
     "encoding": ({"input": "x", "encoding_format": "int8"}, 400, "'float' or 'base64'"),
     "whitespace only": ({"input": ["   "]}, 400, "only whitespace"),
     "no model": ({"input": "x", "model": None}, 400, "'model' must be the name of a model"),

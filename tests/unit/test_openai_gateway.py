@@ -35,6 +35,9 @@ def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
     gw.check_config(text, nginx_binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
     assert f'set $openai_models "{" ".join(spec.OPENAI_MODELS)}";' in text
+    # The embedding's size comes from pipelines/embedding.py; the script does not retype it.
+    assert f"set $openai_dimensions {spec.HIDDEN_SIZE};" in text
+    assert not re.search(rf"\b{spec.HIDDEN_SIZE}\b", gw.OPENAI_SCRIPT.read_text())
     for model, ensemble in spec.OPENAI_MODELS.items():
         assert f"{model} {ensemble};" in text
     # Shaped, the OpenAI call takes the tenant's and the model's tokens before its body is
