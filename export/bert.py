@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import safetensors.torch
 import torch
 from torch import nn
 
@@ -93,6 +94,18 @@ class MiniLM(nn.Module):
         return x
 
 
+def mean_pool_torch(token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``pipelines.embedding.mean_pool`` for torch tensors: the pooling exported in the graph.
+
+    Args:
+        token_embeddings: float [n, L, H] tensor.
+        attention_mask: [n, L] tensor of 0/1 on the same device.
+    """
+    mask = attention_mask.to(token_embeddings.dtype).unsqueeze(-1)
+    mean = (token_embeddings * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(mean, dim=1, eps=1e-12)
+
+
 class SentenceEncoder(nn.Module):
     """MiniLM plus sentence-transformers' pooling: ids and mask in, unit sentence vectors out.
 
@@ -106,12 +119,17 @@ class SentenceEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[n, L] ids and mask → [n, H] mean over real tokens, L2-normalized."""
-        return spec.mean_pool_torch(self.encoder(input_ids, attention_mask), attention_mask)
+        return mean_pool_torch(self.encoder(input_ids, attention_mask), attention_mask)
+
+
+def safetensors_state() -> dict[str, torch.Tensor]:
+    """The package's weights (sha256 checked) as a {name: torch.Tensor} state dict."""
+    return safetensors.torch.load(spec.safetensors_bytes())
 
 
 def load_pretrained() -> MiniLM:
     """The network with the package's weights, loaded strictly (sha256 checked)."""
-    state = spec.safetensors_state()
+    state = safetensors_state()
     # Some checkpoints carry the position-id buffer; it is derived, not learned.
     state.pop("embeddings.position_ids", None)
     model = MiniLM(spec.model_config())

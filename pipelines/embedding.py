@@ -293,27 +293,6 @@ def mean_pool(token_embeddings: np.ndarray, attention_mask: np.ndarray) -> np.nd
     return (mean / norms).astype(np.float32)
 
 
-def mean_pool_torch(token_embeddings, attention_mask):
-    """``mean_pool`` for torch tensors: the pooling exported inside the encoder's graph.
-
-    Args:
-        token_embeddings: float [n, L, H] tensor.
-        attention_mask: [n, L] tensor of 0/1 on the same device.
-    """
-    import torch
-
-    mask = attention_mask.to(token_embeddings.dtype).unsqueeze(-1)
-    mean = (token_embeddings * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    return torch.nn.functional.normalize(mean, dim=1, eps=1e-12)
-
-
-def safetensors_state() -> dict:
-    """The weights as a {name: torch.Tensor} state dict."""
-    from safetensors.torch import load
-
-    return load(safetensors_bytes())
-
-
 def padding_cost(requests: Sequence[Sequence[int]]) -> dict[str, int]:
     """Tokens the encoder processes for requests of the given text lengths, per padding design.
 

