@@ -20,7 +20,7 @@ import numpy as np
 from pipelines import classification as spec
 from pipelines import image, onnx_runner
 from pipelines.backend import batching as bk
-from pipelines.backend import metrics
+from pipelines.backend import metrics, torch_io
 
 
 # What each request holds, and what it gets back -------------------------------------------------
@@ -108,9 +108,9 @@ class PreprocessModel:
     def initialize(self, args):
         """Note this instance's device; create its metrics."""
         self.name = args["model_name"]
-        self.device = bk.instance_device(args)
+        self.device = torch_io.instance_device(args)
         self.metrics = metrics.PreprocessMetrics(args)
-        self.respond = bk.respond_arrays if self.device == "cpu" else bk.respond_tensors
+        self.respond = bk.respond_arrays if self.device == "cpu" else torch_io.respond_tensors
 
     def finalize(self):
         """Release the metric series before the stub exits."""

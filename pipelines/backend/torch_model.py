@@ -15,6 +15,7 @@ import torch
 from pipelines import classification as spec
 from pipelines import efficientnet_lite
 from pipelines.backend import batching as bk
+from pipelines.backend import torch_io
 
 
 class TorchClassifier:
@@ -24,7 +25,7 @@ class TorchClassifier:
         """Load the pinned weights (sha256-checked) onto this instance's device and warm up."""
         self.name = args["model_name"]
         params = bk.parameters(args)
-        self.device = bk.instance_device(args)
+        self.device = torch_io.instance_device(args)
         self.dtype = torch.float16 if self.device != "cpu" else torch.float32
         weights = Path(params["weights"]) if params.get("weights") else None
         model = efficientnet_lite.load_pretrained(weights).to(self.device, self.dtype)
@@ -51,8 +52,8 @@ class TorchClassifier:
             self.run,
             model=self.name,
             isolate=True,
-            respond=bk.respond_tensors,
+            respond=torch_io.respond_tensors,
         )
 
     def _read(self, request, name):
-        return bk.input_tensor(request, name, self.device)
+        return torch_io.input_tensor(request, name, self.device)

@@ -1,4 +1,5 @@
-"""The Python-backend glue (pipelines/backend/batching.py) against the stand-in pb_utils."""
+"""The torch side of the Python-backend glue (pipelines/backend/torch_io.py) against the
+stand-in pb_utils."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 import triton_python_backend_utils as pb_utils
 
-from pipelines.backend import batching as tb
+from pipelines.backend import torch_io as tb
 
 KDL_CUDA = 2  # dlpack.h DLDeviceType
 
