@@ -7,8 +7,16 @@ import json
 import time
 from pathlib import Path
 
-from bench import gateway, harness, report, text_cache
+from bench import gateway, report, text_cache
 from bench.harness import affinity, inputs, variants
+from bench.harness.plan import (
+    MIXED_WINDOW_REQUESTS,
+    RATE_STABILITY_PERCENT,
+    RATE_WINDOW_REQUESTS,
+    Plan,
+)
+from bench.harness.runner import Runner
+from bench.harness.servers import machine
 from bench.peers import infinity
 from bench.report import attribution
 
@@ -63,7 +71,7 @@ def add_parser(sub) -> None:
     p.add_argument("--report-only", type=Path, metavar="DIR", help="rebuild report from DIR")
 
 
-def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
+def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
     """The method paragraph at the top of the report."""
     threads = len(server_cpus)
     return [
@@ -83,8 +91,8 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
         "Request-rate sweeps use Poisson arrivals at fractions "
         f"{plan.rate_fractions} of the throughput that the concurrency sweep of the same model "
         f"and protocol reached in the same round, for {plan.rate_targets}; their windows "
-        f"count at least {harness.RATE_WINDOW_REQUESTS} requests and stabilize within "
-        f"{harness.RATE_STABILITY_PERCENT:g} % on throughput and average latency.",
+        f"count at least {RATE_WINDOW_REQUESTS} requests and stabilize within "
+        f"{RATE_STABILITY_PERCENT:g} % on throughput and average latency.",
         "Inputs: the six scikit-image/scikit-learn sample photos as JPEG (ensemble, preprocess), "
         "their preprocessed pixels (classifier) and real logits (postprocess).",
         "Raw engine: the same model.onnx, the same preprocessing functions, in one process "
@@ -117,8 +125,8 @@ def method(plan: harness.Plan, server_cpus, client_cpus, machine: dict) -> list[
                 "80-250 words), one per request, at concurrency "
                 f"{plan.mixed_levels} to embed (response cache off), the FastAPI peer and "
                 "infinity-emb, with asynchronous calls, windows of at least "
-                f"{harness.MIXED_WINDOW_REQUESTS} requests (4x the concurrency where more) and "
-                f"stability {harness.RATE_STABILITY_PERCENT:g} %. Padded ÷ real tokens: embed's "
+                f"{MIXED_WINDOW_REQUESTS} requests (4x the concurrency where more) and "
+                f"stability {RATE_STABILITY_PERCENT:g} %. Padded ÷ real tokens: embed's "
                 "pipeline_padded_tokens_total ÷ pipeline_tokens_total (its /metrics, delta over "
                 "the case), the peer's batcher counts (its /stats); infinity-emb does not "
                 "expose them. The raw engine runs the same texts in batches of "
@@ -142,28 +150,26 @@ def run(args: argparse.Namespace) -> int:
         out = args.report_only
     else:
         if args.only == "embed-peers":
-            plan = harness.Plan.embed_peers()
+            plan = Plan.embed_peers()
         elif args.only == "mixed":
-            plan = harness.Plan.mixed()
+            plan = Plan.mixed()
         elif args.only == "classify":
-            plan = harness.Plan.classify()
+            plan = Plan.classify()
         else:
-            plan = harness.Plan.full() if args.full else harness.Plan.short()
+            plan = Plan.full() if args.full else Plan.short()
         if args.rounds:
             plan.rounds = args.rounds
         server_cpus, client_cpus = affinity.chosen(args.server_cpus, args.client_cpus)
         out = args.out or Path("results") / time.strftime("perf-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
-        runner = harness.Runner(
-            plan, out, server_cpus, client_cpus, infinity_venv=args.infinity_venv
-        )
+        runner = Runner(plan, out, server_cpus, client_cpus, infinity_venv=args.infinity_venv)
         print(f"perf: {plan.size() * plan.rounds} load levels in {plan.rounds} rounds -> {out}")
         runner.run()
         runner.write_csv()
         if plan.text_cache:
             print("text cache: Zipf traffic against the per-text and the response cache")
             text_cache.run(out, server_cpus, client_cpus)
-        lines = method(plan, server_cpus, client_cpus, harness.machine()) + runner.notes
+        lines = method(plan, server_cpus, client_cpus, machine()) + runner.notes
         (out / "method.txt").write_text("\n".join(lines) + "\n")
     rows, raw = report.load(out / "points.csv", out / "raw.csv")
     plots = report.write_plots(out, rows, raw)

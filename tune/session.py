@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench import harness
 from bench.harness import inputs, perf_analyzer
+from bench.harness.plan import ONNX, Plan
+from bench.harness.servers import TritonUnderTest, measure_raw, server_config
 from pipelines import classification as spec
 from pipelines import embedding
 from server.launcher import MODEL_REPOSITORY
@@ -64,7 +65,7 @@ class Session:
         self.server_cpus, self.client_cpus = list(server_cpus), list(client_cpus)
         self.config_name, self.progress = config_name, progress
         self.cores = len(self.server_cpus)
-        self.triton: harness.TritonUnderTest | None = None
+        self.triton: TritonUnderTest | None = None
         self.base: str | None = None
         self.data: dict[str, Path] = {}
 
@@ -79,14 +80,14 @@ class Session:
         For one target, its own; for the shared server, each model's as if it were alone.
         """
         kinds = {m: search.RAW_KIND[m] for m in self.measured()}
-        plan = harness.Plan.short()
+        plan = Plan.short()
         plan.raw_model_batches = plan.raw_pipeline_batches = list(search.BATCHES)
         plan.raw_embed_batches = list(search.BATCHES)
         plan.raw_seconds = 1.0
         encoders = any(kind.startswith("embed") for kind in kinds.values())
         raw: dict[str, dict[int, dict[int, float]]] = {m: {} for m in kinds}
         for threads in sorted({search.threads_for(c, self.cores) for c in self.space()}):
-            curves = harness.measure_raw(self.server_cpus, threads, plan, encoders=encoders)
+            curves = measure_raw(self.server_cpus, threads, plan, encoders=encoders)
             for model, kind in kinds.items():
                 raw[model][threads] = curves[kind]
                 self.progress(
@@ -106,10 +107,10 @@ class Session:
         from bench.harness.reference import ReferenceClassifier
 
         self.out.mkdir(parents=True, exist_ok=True)
-        reference = ReferenceClassifier(harness.ONNX)
+        reference = ReferenceClassifier(ONNX)
         self.data = {m: inputs.write(m, self.out, reference) for m in self.measured()}
-        config = harness.server_config(self.server_cpus)
-        self.triton = harness.TritonUnderTest(config, self.out).start()
+        config = server_config(self.server_cpus)
+        self.triton = TritonUnderTest(config, self.out).start()
         self.base = self.triton.server.config.model_config_name
         if self.model in search.RAW_KIND and not search.serves_tuned_steps(
             self.model, MODEL_REPOSITORY, self.base

@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 STEPS = (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS)
 THREAD_KEYS = ("intra_op_thread_count",)
+# The variant that serves the repository's own configs: the one every target is about, so
+# it alone gets the rate sweep, the traced cases and the response-cache rows.
+SERVED = "batching"
 
 Mutator = Callable[[mc.ModelConfig], None]
 
@@ -96,7 +99,7 @@ def standard(server_cores: int, instances: int = 2) -> list[Variant]:
     split = max(1, server_cores // instances)
     return [
         Variant(
-            "batching",
+            SERVED,
             f"repository configs (dynamic batching), classifier threads = {server_cores}",
             {spec.CLASSIFIER: [fit]},
         ),

@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-from bench import harness, report
+from bench import report
 from bench.harness import affinity
+from bench.harness.plan import Plan
+from bench.harness.runner import Runner
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import guard
@@ -25,8 +27,8 @@ from server import guard
 pytestmark = pytest.mark.integration
 
 
-def small_plan() -> harness.Plan:
-    return harness.Plan(
+def small_plan() -> Plan:
+    return Plan(
         rounds=1,
         main={
             (cspec.ENSEMBLE, "grpc", "binary"): [1, 4],
@@ -74,7 +76,7 @@ def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
             elif espec.ENSEMBLE + " " in line:
                 threading.Timer(0.5, hit_the_server, [signal.SIGSTOP]).start()
 
-    runner = harness.Runner(small_plan(), tmp_path, server_cpus, client_cpus, progress)
+    runner = Runner(small_plan(), tmp_path, server_cpus, client_cpus, progress)
     started = time.monotonic()
     runner.run()  # must not raise
     took = time.monotonic() - started

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness, report
+from bench import report
 from bench.harness import affinity, inputs
+from bench.harness.plan import Case, Plan, perf_args
+from bench.harness.runner import Runner
 from bench.peers import infinity
 from export import text_samples
 from tests.helpers import embed_report_row
@@ -126,16 +128,16 @@ def test_openai_bodies_carry_the_same_texts_in_the_same_order():
 
 def test_perf_analyzer_options_per_case():
     def case(payload, calls="sync", system="triton"):
-        return harness.Case(system, "-", "embed", "http", payload, "concurrency", 8, calls=calls)
+        return Case(system, "-", "embed", "http", payload, "concurrency", 8, calls=calls)
 
-    assert harness.perf_args(case("json")) == []
-    assert harness.perf_args(case("json", "async")) == ["--async"]
-    openai = harness.perf_args(case("openai", "async", "infinity"))
+    assert perf_args(case("json")) == []
+    assert perf_args(case("json", "async")) == ["--async"]
+    openai = perf_args(case("openai", "async", "infinity"))
     assert openai == ["--service-kind=openai", "--endpoint=embeddings", "--async"]
 
 
 def test_embed_peers_plan_measures_only_the_embedding_servers():
-    plan = harness.Plan.embed_peers()
+    plan = Plan.embed_peers()
     cases = list(plan.triton_cases("batching"))
     assert {c.model for c in cases} == {"embed"}
     assert {c.calls for c in cases} == {"sync", "async"}
@@ -161,8 +163,8 @@ def test_an_unavailable_infinity_is_recorded_and_the_run_goes_on(tmp_path, monke
 
     monkeypatch.setattr(infinity, "start", unavailable)
     monkeypatch.setattr(infinity, "NullOpenAIServer", _NoServer)
-    plan = harness.Plan.embed_peers()
-    runner = harness.Runner(plan, tmp_path, [1], [0], progress=lambda line: None)
+    plan = Plan.embed_peers()
+    runner = Runner(plan, tmp_path, [1], [0], progress=lambda line: None)
     runner._infinity(1, tmp_path / "embed-openai.json")
     runner._infinity(2, tmp_path / "embed-openai.json")  # not tried again
     rows = [r for r in runner.rows if r.case.system == "infinity"]

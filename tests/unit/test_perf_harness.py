@@ -9,8 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness, report
+from bench import report
 from bench.harness import affinity, inputs, perf_analyzer, stats, variants
+from bench.harness.plan import (
+    MODELS,
+    OPENAI_NULL_LEVELS,
+    TEXT_MODELS,
+    Plan,
+    mixed_case,
+    padding_step,
+    perf_args,
+    stats_models,
+)
+from bench.harness.servers import measure_raw
 from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding as espec
@@ -119,15 +130,15 @@ def test_cores_are_split_between_server_and_load_generator():
 
 
 def test_short_plan_covers_every_metric_and_stays_small():
-    plan = harness.Plan.short()
+    plan = Plan.short()
     # 16 of them per round: infinity-emb, its twins and the mixed-length rows; 6 traced; 12
     # for classify_fused beside the ensemble and the pipeline peer.
     assert plan.size() * plan.rounds <= 140
     assert {model for model, _, _ in plan.traced} == {spec.ENSEMBLE, spec.FUSED}
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {*harness.MODELS, *harness.TEXT_MODELS}
+    assert {c.model for c in cases} == {*MODELS, *TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
-    assert harness.Plan.full().size() > plan.size()
+    assert Plan.full().size() > plan.size()
 
 
 def point(throughput, p99, p50=None):
@@ -256,9 +267,9 @@ def test_report_and_plots_are_written(tmp_path):
 
 
 def test_full_plan_is_well_formed():
-    plan = harness.Plan.full()
+    plan = Plan.full()
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {*harness.MODELS, *harness.TEXT_MODELS}
+    assert {c.model for c in cases} == {*MODELS, *TEXT_MODELS}
     assert all(
         c.payload == "binary" or c.model in (spec.CLASSIFIER, "embed", "embed_graph") for c in cases
     )
@@ -268,7 +279,7 @@ def test_full_plan_is_well_formed():
     peers = 2 * 2 * 6 + 6  # classifier and embed, JSON and binary, and classify: six levels
     nulls = 2 * 2 * 3 + 3  # and the load generator's ceiling for classify's binary images
     # infinity-emb and the FastAPI peer with async calls at its levels, its null twin.
-    infinity = 2 * len(plan.infinity_levels) + len(harness.OPENAI_NULL_LEVELS)
+    infinity = 2 * len(plan.infinity_levels) + len(OPENAI_NULL_LEVELS)
     # The FastAPI peer and infinity-emb over the mixed texts (embed's are among the cases).
     mixed = 2 * len(plan.mixed_levels)
     assert plan.size() == (
@@ -284,10 +295,10 @@ def test_full_plan_is_well_formed():
 
 
 def test_raw_engine_measures_every_kind(classifier_onnx, encoder_onnx):
-    plan = harness.Plan.short()
+    plan = Plan.short()
     plan.raw_model_batches, plan.raw_pipeline_batches, plan.raw_embed_batches = [1, 2], [1], [1, 4]
     plan.raw_seconds, plan.raw_mixed_batches = 0.05, [4]
-    raw = harness.measure_raw([0], threads=1, plan=plan)
+    raw = measure_raw([0], threads=1, plan=plan)
     mixed = {f"mixed_{how}{ratio}" for how in ("padded", "sorted") for ratio in ("", "_ratio")}
     assert set(raw) == {"model", "pipeline", "embed", "embed_int8", *mixed}
     assert set(raw["model"]) == {1, 2} and set(raw["embed"]) == {1, 4}
@@ -328,15 +339,15 @@ def test_mixed_texts_are_distinct_sentences_and_passages_and_reproducible():
 
 def test_harness_reads_embeds_steps_from_the_configs_it_serves():
     # The CPU configs: embed is one step, tokenize_encode (v1 fp32, v2 INT8), which pads.
-    local = harness.stats_models("local")
+    local = stats_models("local")
     assert espec.TOKENIZE_ENCODE in local
     assert espec.TOKENIZE not in local and espec.ENCODER not in local
-    assert harness.padding_step("embed", "local") == (espec.TOKENIZE_ENCODE, "1")
-    assert harness.padding_step("embed_int8", "local") == (espec.TOKENIZE_ENCODE, "2")
+    assert padding_step("embed", "local") == (espec.TOKENIZE_ENCODE, "1")
+    assert padding_step("embed_int8", "local") == (espec.TOKENIZE_ENCODE, "2")
     # local-shed keeps tokenize -> encoder.
-    shed = harness.stats_models("local-shed")
+    shed = stats_models("local-shed")
     assert {espec.TOKENIZE, espec.ENCODER} <= set(shed) and espec.TOKENIZE_ENCODE not in shed
-    assert harness.padding_step("embed", "local-shed") == (espec.TOKENIZE, None)
+    assert padding_step("embed", "local-shed") == (espec.TOKENIZE, None)
 
 
 def test_token_counts_are_read_from_the_metrics_page():
@@ -356,7 +367,7 @@ nv_inference_count{model="tokenize_encode",version="1"} 3
 
 
 def test_plans_measure_every_server_on_mixed_lengths():
-    for plan in (harness.Plan.short(), harness.Plan.embed_peers()):
+    for plan in (Plan.short(), Plan.embed_peers()):
         assert plan.mixed_levels == [8, 32] and plan.raw_mixed_batches
         mixed = [c for c in plan.triton_cases("batching") if c.dataset == "mixed"]
         assert [(c.model, c.payload, c.calls, c.level) for c in mixed] == [
@@ -364,15 +375,15 @@ def test_plans_measure_every_server_on_mixed_lengths():
             ("embed", "json", "async", 32),
         ]
         assert "[mixed]" in mixed[0].label()
-    assert harness.mixed_case("infinity", 8).payload == "openai"
+    assert mixed_case("infinity", 8).payload == "openai"
     # Windows count requests: a server padding passages may answer none within a second.
-    assert "--measurement-mode=count_windows" in harness.perf_args(mixed[1])
-    assert "--measurement-request-count=128" in harness.perf_args(mixed[1])
-    infinity = harness.perf_args(harness.mixed_case("infinity", 8))
+    assert "--measurement-mode=count_windows" in perf_args(mixed[1])
+    assert "--measurement-request-count=128" in perf_args(mixed[1])
+    infinity = perf_args(mixed_case("infinity", 8))
     assert "--service-kind=openai" in infinity and "--measurement-request-count=64" in infinity
-    only = harness.Plan.mixed()
+    only = Plan.mixed()
     assert {c.dataset for c in only.triton_cases("batching")} == {"mixed"}
-    assert only.size() == 3 * 2 + len(harness.OPENAI_NULL_LEVELS)
+    assert only.size() == 3 * 2 + len(OPENAI_NULL_LEVELS)
 
 
 def _embed_rows(r: int, mixed_padding: float) -> list[dict]:
