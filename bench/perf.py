@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from bench import gateway, report, text_cache
+from bench import gateway, text_cache
 from bench.harness import affinity, inputs, variants
 from bench.harness.plan import (
     MIXED_WINDOW_REQUESTS,
@@ -19,6 +19,10 @@ from bench.harness.runner import Runner
 from bench.harness.servers import machine
 from bench.peers import infinity
 from bench.report import attribution
+from bench.report.markdown import write_markdown
+from bench.report.metrics import metric_table
+from bench.report.plots import write_plots
+from bench.report.points import load
 
 EXAMPLES = """
 examples:
@@ -171,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
             text_cache.run(out, server_cpus, client_cpus)
         lines = method(plan, server_cpus, client_cpus, machine()) + runner.notes
         (out / "method.txt").write_text("\n".join(lines) + "\n")
-    rows, raw = report.load(out / "points.csv", out / "raw.csv")
-    plots = report.write_plots(out, rows, raw)
+    rows, raw = load(out / "points.csv", out / "raw.csv")
+    plots = write_plots(out, rows, raw)
     found, problems = attribution.breakdowns(rows, out)
     steps = attribution.plot(out, rows, raw, found)
     plots += [steps] if steps else []
@@ -182,9 +186,9 @@ def run(args: argparse.Namespace) -> int:
     cache_result = json.loads(cached.read_text()) if cached.exists() else None
     if cache_result:
         section += text_cache.section(cache_result)
-    path = report.write_markdown(out / "report.md", rows, raw, method_lines, plots, section)
+    path = write_markdown(out / "report.md", rows, raw, method_lines, plots, section)
     print(f"report: {path}")
-    for item in report.metric_table(rows, raw):
+    for item in metric_table(rows, raw):
         if item.get("why"):
             print(f"  {item['metric'].name}: n/a: {item['why']}")
         if item["values"]:

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 import model_config
-from bench import report
 from bench.harness import affinity, perf_analyzer, stats, variants
+from bench.report.metrics import NotComputable, equal_p99_ratio
 from export import text_samples
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -226,7 +226,7 @@ def _line(case: Case) -> str:
 
 
 # The report ---------------------------------------------------------------------------------
-def targets(result: dict) -> list[tuple[str, float | report.NotComputable | None, float, bool]]:
+def targets(result: dict) -> list[tuple[str, float | NotComputable | None, float, bool]]:
     """(target, value, threshold, higher is better) from one run's cases, medians of passes."""
 
     def points(setup: str) -> list[dict]:
@@ -242,7 +242,7 @@ def targets(result: dict) -> list[tuple[str, float | report.NotComputable | None
         return [chunks[i : i + size] for i in range(0, len(chunks), size)]
 
     ratios = [
-        report.equal_p99_ratio(ours, theirs)
+        equal_p99_ratio(ours, theirs)
         for ours, theirs in zip(
             per_pass("per-text cache"), per_pass("response cache"), strict=False
         )
@@ -293,7 +293,7 @@ def section(result: dict) -> list[str]:
     for name, value, threshold, higher in targets(result):
         if value is None:
             lines.append(f"| {name} | not measured | ≥ {threshold:g} | |")
-        elif isinstance(value, report.NotComputable):
+        elif isinstance(value, NotComputable):
             lines.append(f"| {name} | n/a: {value} | ≥ {threshold:g} | |")
         else:
             met = value >= threshold if higher else value <= threshold

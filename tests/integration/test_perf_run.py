@@ -16,10 +16,11 @@ import time
 
 import pytest
 
-from bench import report
 from bench.harness import affinity
 from bench.harness.plan import Plan
 from bench.harness.runner import Runner
+from bench.report.markdown import write_markdown
+from bench.report.points import load
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import guard
@@ -105,7 +106,7 @@ def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
     assert took < 300, text
 
     runner.write_csv()
-    rows, raw = report.load(tmp_path / "points.csv", tmp_path / "raw.csv")
-    markdown = report.write_markdown(tmp_path / "report.md", rows, raw, [], []).read_text()
+    rows, raw = load(tmp_path / "points.csv", tmp_path / "raw.csv")
+    markdown = write_markdown(tmp_path / "report.md", rows, raw, [], []).read_text()
     assert "## Failed measurements" in markdown
     assert "tritonserver exited" in markdown and "stopped answering" in markdown

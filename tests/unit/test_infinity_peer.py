@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import report
 from bench.harness import affinity, inputs
 from bench.harness.plan import Case, Plan, perf_args
 from bench.harness.runner import Runner
 from bench.peers import infinity
+from bench.report.markdown import embedding_servers
+from bench.report.metrics import metric_table
 from export import text_samples
 from tests.helpers import embed_report_row
 
@@ -202,22 +203,22 @@ def _rows(infinity_texts_per_s):
 
 def test_report_compares_embed_with_infinity_at_each_level():
     rows = _rows(150)
-    table = {item["metric"].name: item for item in report.metric_table(rows, {})}
+    table = {item["metric"].name: item for item in metric_table(rows, {})}
     ratio = table["embed ÷ infinity-emb texts/s at concurrency 8 (async calls, same core)"]
     assert ratio["median"] == pytest.approx(2.0)
     assert ratio["met"] is True
     assert table["embed p99 ÷ infinity-emb p99 at concurrency 8 (async calls)"]["median"] == 0.5
-    lines = "\n".join(report.embedding_servers(rows))
+    lines = "\n".join(embedding_servers(rows))
     assert "| infinity-emb | 8 | 150.0 [150.0 – 150.0]" in lines
     assert "| embed ÷ infinity-emb, texts/s | 2.00 [2.00 – 2.00]" in lines
     assert "Target embed ≥ 1.5x infinity-emb" in lines and ": met (lowest 2.00x)" in lines
 
 
 def test_report_says_when_the_target_is_missed_or_infinity_was_not_measured():
-    assert "**not met**" in "\n".join(report.embedding_servers(_rows(250)))
-    assert report.embedding_servers([_row(1, "triton", 8, 300, 40)]) == []
+    assert "**not met**" in "\n".join(embedding_servers(_rows(250)))
+    assert embedding_servers([_row(1, "triton", 8, 300, 40)]) == []
     failed = [
         _row(1, "triton", 8, 300, 40),
         _row(1, "infinity", 8, "", 0, payload="openai", error="infinity-emb: no wheel"),
     ]
-    assert "not measured: infinity-emb: no wheel" in "\n".join(report.embedding_servers(failed))
+    assert "not measured: infinity-emb: no wheel" in "\n".join(embedding_servers(failed))

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from bench import report
 from bench.harness import affinity, inputs, perf_analyzer, stats, variants
 from bench.harness.plan import (
     MODELS,
@@ -22,6 +21,17 @@ from bench.harness.plan import (
     stats_models,
 )
 from bench.harness.servers import measure_raw
+from bench.report.markdown import _metric_lines, write_markdown
+from bench.report.metrics import (
+    METRICS,
+    TARGETS,
+    Metric,
+    NotComputable,
+    equal_p99_ratio,
+    metric_table,
+)
+from bench.report.plots import write_plots
+from bench.report.points import load
 from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding as espec
@@ -149,20 +159,20 @@ def test_equal_p99_ratio_compares_at_the_peers_budget():
     peer = [point(100, 20), point(150, 60)]
     ours = [point(120, 10), point(300, 50), point(400, 90)]
     # Budget = p99 of the peer's best point (60 ms): we reach 300 within it, the peer 150.
-    assert report.equal_p99_ratio(ours, peer) == pytest.approx(2.0)
-    assert report.equal_p99_ratio([], peer) is None
+    assert equal_p99_ratio(ours, peer) == pytest.approx(2.0)
+    assert equal_p99_ratio([], peer) is None
 
 
 def test_a_ratio_without_a_point_in_the_budget_is_not_a_number_but_says_why(tmp_path):
     peer = [point(150, 60)]
-    assert report.equal_p99_ratio([point(300, 50)], peer) == pytest.approx(2.0)
-    undefined = report.equal_p99_ratio([point(300, 90), point(100, 61)], peer)
-    assert isinstance(undefined, report.NotComputable)
+    assert equal_p99_ratio([point(300, 50)], peer) == pytest.approx(2.0)
+    undefined = equal_p99_ratio([point(300, 90), point(100, 61)], peer)
+    assert isinstance(undefined, NotComputable)
     assert "within the peer's p99 of 60.0 ms" in undefined and "61.0 ms" in undefined
-    metric = report.Metric("ours ÷ peer", lambda rows, raw: undefined, target=2.0)
-    (item,) = report.metric_table([{"round": 1}], {1: {}}, [metric])
+    metric = Metric("ours ÷ peer", lambda rows, raw: undefined, target=2.0)
+    (item,) = metric_table([{"round": 1}], {1: {}}, [metric])
     assert item["values"] == [] and "round 1: no point of ours" in item["why"]
-    (line,) = report._metric_lines([item])
+    (line,) = _metric_lines([item])
     assert line.startswith("| ours ÷ peer | n/a: round 1: no point of ours")
 
 
@@ -227,12 +237,12 @@ def recorded_rows(tmp_path: Path) -> tuple[list[dict], dict]:
         for r, curves in raw.items():
             for kind, curve in curves.items():
                 writer.writerows([r, kind, bs, v] for bs, v in curve.items())
-    return report.load(points_csv, raw_csv)
+    return load(points_csv, raw_csv)
 
 
 def test_metrics_from_recorded_rounds(tmp_path):
     rows, raw = recorded_rows(tmp_path)
-    table = {item["metric"].name: item for item in report.metric_table(rows, raw)}
+    table = {item["metric"].name: item for item in metric_table(rows, raw)}
 
     def value(prefix):
         (name,) = [n for n in table if n.startswith(prefix)]
@@ -256,9 +266,9 @@ def test_metrics_from_recorded_rounds(tmp_path):
 
 def test_report_and_plots_are_written(tmp_path):
     rows, raw = recorded_rows(tmp_path)
-    plots = report.write_plots(tmp_path, rows, raw)
+    plots = write_plots(tmp_path, rows, raw)
     assert all(p.exists() and p.stat().st_size > 10_000 for p in plots)
-    md = report.write_markdown(tmp_path / "report.md", rows, raw, ["method line"], plots)
+    md = write_markdown(tmp_path / "report.md", rows, raw, ["method line"], plots)
     text = md.read_text()
     assert text.startswith("# Performance report\n\n## Method\n\n- method line")
     row = "| classify served ÷ raw pipeline, concurrency 1 (grpc) | 0.64x [0.64x – 0.64x] |"
@@ -415,8 +425,8 @@ def _embed_rows(r: int, mixed_padding: float) -> list[dict]:
 def test_embedding_targets_pass_or_fail_from_ratios_of_the_same_round(tmp_path):
     rows = _embed_rows(1, 1.05) + _embed_rows(2, 1.3)
     raw = {r: {"embed": {1: 120.0, 32: 510.0}, "mixed_sorted": {8: 80.0}} for r in (1, 2)}
-    table = {i["metric"].name: i for i in report.metric_table(rows, raw, report.TARGETS)}
-    assert len(table) == len(report.TARGETS)
+    table = {i["metric"].name: i for i in metric_table(rows, raw, TARGETS)}
+    assert len(table) == len(TARGETS)
 
     def check(name, median, met):
         item = table[name]
@@ -438,7 +448,7 @@ def test_embedding_targets_pass_or_fail_from_ratios_of_the_same_round(tmp_path):
     check("mixed lengths, c=8: embed p99 ÷ FastAPI peer p99", 0.4, True)
     # Rounds at 1.05 and 1.3 padded ÷ real: the median 1.175 meets ≤ 1.2.
     check("mixed lengths, c=32: embed padded ÷ real tokens", 1.175, True)
-    text = report.write_markdown(tmp_path / "report.md", rows, raw, [], []).read_text()
+    text = write_markdown(tmp_path / "report.md", rows, raw, [], []).read_text()
     assert "| mixed lengths, c=32: embed ÷ FastAPI peer, texts/s | 1.75x" in text
     assert "| ≥ 2.00x | **no** |" in text
     # The mixed table: each server's padding; infinity-emb's cannot be seen.
@@ -479,7 +489,7 @@ def test_ratios_are_taken_against_the_raw_pipeline_read_beside_each_case():
         row("peer", spec.ENSEMBLE, 8, 88.0, 100.0, (80.0, 88.0)),
     ]
     raw = {"pipeline": {1: 150.0, 4: 160.0}}  # the round's curve, minutes earlier: not used
-    metrics = {m.name: m for m in report.METRICS}
+    metrics = {m.name: m for m in METRICS}
     table = {name: metrics[name].compute(rows, raw) for name in metrics if "classify " in name}
     assert table["classify served ÷ raw pipeline, concurrency 1 (http)"] == pytest.approx(0.9)
     assert table["classify served ÷ raw pipeline, saturation (http)"] == pytest.approx(100 / 110)
