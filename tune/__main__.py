@@ -79,17 +79,17 @@ def run(args: argparse.Namespace) -> int:
                 )
         winner = search.best(results)
         if winner is not None:
-            # What it measured stays in search.json (and docs/performance.md), not in the config.
+            # What it measured stays in tune.json (and docs/performance.md), not in the config.
             header = (
                 f"Written by `python -m tune {args.model} --p99-ms {args.p99_ms}` "
                 f"(perf_analyzer gRPC, server on {tuner.cores} core(s)); what it measured: "
-                f"{out / 'search.json'}."
+                f"{out / 'tune.json'}."
             )
             for path in tuner.write(winner.candidate, header):
                 print(search.describe(path))
     outcome = search.summary(results, brute, rematch)
     outcome["total_seconds"] = time.monotonic() - started
-    (out / "search.json").write_text(json.dumps(outcome, indent=2))
+    (out / "tune.json").write_text(json.dumps(outcome, indent=2))
     rows = [("tuner", r) for r in results] + [("brute force", r) for r in brute or []]
     notes = [
         f"`python -m tune {args.model} --p99-ms {args.p99_ms} --budget-s {args.budget_s:g}`:"
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             f"tuner / brute force: {outcome['tuner_vs_brute_force']:.3f} "
             f"({outcome['tuner_seconds']:.0f} s vs {outcome['brute_force_seconds']:.0f} s)"
         )
-    print(f"report: {report}; details: {out / 'search.json'}")
+    print(f"report: {report}; details: {out / 'tune.json'}")
     return 0
 
 

@@ -218,7 +218,7 @@ def write_report(
     p99_ms: float,
     notes: Sequence[str] = (),
 ) -> Path:
-    """Write ``report.md`` and ``search.png`` into ``out``; the report's path.
+    """Write ``report.md`` and ``tune.png`` into ``out``; the report's path.
 
     Every verified pick in the order measured: its throughput within the SLO and its p99 there.
 
@@ -255,7 +255,7 @@ def write_report(
     ax.set_ylabel(f"throughput within p99 ≤ {p99_ms:g} ms (/s)")
     ax.set_title(title)
     fig.tight_layout()
-    plot = out / "search.png"
+    plot = out / "tune.png"
     fig.savefig(plot, dpi=100)
     plt.close(fig)
     lines += ["", f"![throughput of each verified pick]({plot.name})", ""]

@@ -67,7 +67,7 @@ def _thr(rows, **match) -> float | None:
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
-    """a ÷ b, or None where either is missing (or b is zero)."""
+    """The ratio of a to b; None where either is missing (or b is zero)."""
     return a / b if a is not None and b else None
 
 
