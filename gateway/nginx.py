@@ -46,8 +46,8 @@ from pathlib import Path
 from gateway.shaping import ANONYMOUS, Limit, Limits, load_limits
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server.launcher import REPO_ROOT, free_port
-from server.process import ManagedProcess, client_host
+from server.launcher import REPO_ROOT
+from server.process import ManagedProcess
 
 __all__ = [
     "LIMITS",
@@ -542,12 +542,12 @@ class Nginx(ManagedProcess):
     @property
     def http_url(self) -> str:
         """host:port of nginx's HTTP listener (what tritonclient.http expects)."""
-        return f"{client_host(self.host)}:{self.http_port}"
+        return self.address(self.http_port)
 
     @property
     def grpc_url(self) -> str:
         """host:port of nginx's gRPC listener."""
-        return f"{client_host(self.host)}:{self.grpc_port}"
+        return self.address(self.grpc_port)
 
     @property
     def ready_url(self) -> str:
@@ -570,10 +570,8 @@ class Nginx(ManagedProcess):
 
     def prepare(self) -> None:
         """Pick free ports, make the prefix and write the rendered config there."""
-        if self.http_port == 0:
-            self.http_port = free_port(client_host(self.host))
-        if self.grpc_port == 0:
-            self.grpc_port = free_port(client_host(self.host))
+        self.http_port = self.port_or_free(self.http_port)
+        self.grpc_port = self.port_or_free(self.grpc_port)
         self.prefix = Path(tempfile.mkdtemp(prefix="nginx-"))
         (self.prefix / "tmp").mkdir()
         self.shaping_log.parent.mkdir()

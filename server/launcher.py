@@ -13,7 +13,6 @@ directories), picks free ports if asked, waits for readiness and stops the serve
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 import importlib.util
@@ -22,7 +21,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -35,7 +33,7 @@ from packaging.version import Version
 
 from server import gpus as gpu_info
 from server import redis, repository
-from server.process import ManagedProcess, ServerStartError, client_host
+from server.process import ManagedProcess, ServerStartError, client_host, free_port
 
 __all__ = [
     "ADMIN_APIS",
@@ -220,30 +218,6 @@ def detect_environment(inst: Installation, gpus: list[gpu_info.Gpu] | None = Non
     return "gpu" if gpus else None
 
 
-_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``, and none of the last ones given here.
-
-    The kernel may give a released port to the next bind; a server takes three ports at once
-    (HTTP, gRPC, metrics), which must differ.
-    """
-    held: list[socket.socket] = []
-    try:
-        while True:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)  # kept bound until the end: the next bind gets another port
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-            if port not in _RECENT_PORTS:
-                _RECENT_PORTS.append(port)
-                return port
-    finally:
-        for sock in held:
-            sock.close()
-
-
 # A value in tritonserver's --cache-config cannot hold the "," and "=" that separate its parts.
 _CACHE_VALUE = re.compile(r"[^,=\s]+")
 
@@ -355,19 +329,24 @@ class Server(ManagedProcess):
 
     # Endpoints -----------------------------------------------------------------------------
     @property
+    def host(self) -> str:
+        """The address it binds (its config's)."""
+        return self.config.host
+
+    @property
     def http_url(self) -> str:
         """host:port of the HTTP endpoint (what tritonclient.http expects)."""
-        return f"{client_host(self.config.host)}:{self.config.http_port}"
+        return self.address(self.config.http_port)
 
     @property
     def grpc_url(self) -> str:
         """host:port of the gRPC endpoint."""
-        return f"{client_host(self.config.host)}:{self.config.grpc_port}"
+        return self.address(self.config.grpc_port)
 
     @property
     def metrics_url(self) -> str:
         """Full URL of the Prometheus metrics endpoint."""
-        return f"http://{client_host(self.config.host)}:{self.config.metrics_port}/metrics"
+        return f"http://{self.address(self.config.metrics_port)}/metrics"
 
     @property
     def ready_url(self) -> str:

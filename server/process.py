@@ -1,14 +1,16 @@
-"""A server subprocess: its log file, an HTTP readiness probe, and a clean stop.
+"""A server subprocess: its log file, an HTTP readiness probe, its addresses, and a clean stop.
 
-Shared by the tritonserver launcher and the benchmark's peer server.
+Shared by the tritonserver launcher, nginx, redis-server and the benchmark's peer servers.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,30 @@ class ServerStartError(RuntimeError):
 def client_host(host: str) -> str:
     """Where a client on this machine reaches a server bound to ``host``."""
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``, and none of the last ones given here.
+
+    The kernel may give a released port to the next bind; a server takes three ports at once
+    (HTTP, gRPC, metrics), which must differ.
+    """
+    held: list[socket.socket] = []
+    try:
+        while True:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)  # kept bound until the end: the next bind gets another port
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if port not in _RECENT_PORTS:
+                _RECENT_PORTS.append(port)
+                return port
+    finally:
+        for sock in held:
+            sock.close()
 
 
 class StartInterruptedError(Exception):
@@ -77,6 +103,7 @@ class ManagedProcess:
     """
 
     name = "server"
+    host = "127.0.0.1"  # the address it binds; subclasses set their own
     poll_interval = 0.25
     # Seconds the guard gives the process to stop on SIGTERM once its owner is gone.
     guard_grace_s = 10.0
@@ -93,6 +120,14 @@ class ManagedProcess:
     def command(self) -> list[str]:
         """The command line to run."""
         raise NotImplementedError
+
+    def address(self, port: int) -> str:
+        """``host:port`` where a client on this machine reaches ``port`` (tritonclient's form)."""
+        return f"{client_host(self.host)}:{port}"
+
+    def port_or_free(self, port: int) -> int:
+        """``port``, or one free right now on ``host`` where it is 0."""
+        return port or free_port(client_host(self.host))
 
     @property
     def ready_url(self) -> str:
@@ -355,3 +390,28 @@ def state(pid: int) -> str | None:
         return psutil.Process(pid).status()
     except psutil.NoSuchProcess:
         return None
+
+
+class HttpProcess(ManagedProcess):
+    """A server on one HTTP port (0: a free one at start), ready when ``ready_path`` answers."""
+
+    ready_path = "/v2/health/ready"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None):
+        super().__init__(log_path)
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        """host:port, as perf_analyzer's ``-u`` and tritonclient expect."""
+        return self.address(self.port)
+
+    @property
+    def ready_url(self) -> str:
+        """``ready_path`` on that port."""
+        return f"http://{self.url}{self.ready_path}"
+
+    def prepare(self) -> None:
+        """Pick a free port if asked (0)."""
+        self.port = self.port_or_free(self.port)

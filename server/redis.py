@@ -71,10 +71,7 @@ class RedisServer(ManagedProcess):
 
     def prepare(self) -> None:
         """Pick a free port where asked."""
-        if self.port == 0:
-            from server.launcher import free_port
-
-            self.port = free_port(self.host)
+        self.port = self.port_or_free(self.port)
 
     def command(self) -> list[str]:
         """redis-server in the foreground, configured on the command line (no config file)."""

@@ -27,8 +27,8 @@ import numpy as np
 
 from bench.harness import affinity, tool_env
 from pipelines import embedding
-from server.launcher import REPO_ROOT, free_port
-from server.process import ManagedProcess, ServerStartError, client_host
+from server.launcher import REPO_ROOT
+from server.process import HttpProcess, ServerStartError
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,14 @@ def taskset(cmd: list[str], cpus: Sequence[int] | None) -> list[str]:
     return affinity.pinned(cpus, cmd) if cpus else cmd
 
 
-class _PinnedHttpServer(ManagedProcess):
-    """A server process on ``host:port`` (0: a free port at start), pinned to ``cpus``."""
+class _PinnedHttpServer(HttpProcess):
+    """A server process on ``host:port`` (0: a free port at start), pinned to ``cpus``.
+
+    Ready when /health answers: infinity answers it once the model is loaded; the null server
+    always.
+    """
+
+    ready_path = "/health"
 
     def __init__(
         self,
@@ -154,25 +160,8 @@ class _PinnedHttpServer(ManagedProcess):
         host: str,
         log_path: Path | None = None,
     ):
-        super().__init__(log_path)
+        super().__init__(host, port, log_path)
         self.cpus = list(cpus) if cpus else None
-        self.port = port
-        self.host = host
-
-    @property
-    def url(self) -> str:
-        """host:port, as perf_analyzer's ``-u`` expects."""
-        return f"{client_host(self.host)}:{self.port}"
-
-    @property
-    def ready_url(self) -> str:
-        """/health: infinity answers it once the model is loaded; the null server always."""
-        return f"http://{self.url}/health"
-
-    def prepare(self) -> None:
-        """Pick a free port if asked (0)."""
-        if self.port == 0:
-            self.port = free_port(client_host(self.host))
 
 
 class InfinityServer(_PinnedHttpServer):

@@ -8,14 +8,14 @@ from pathlib import Path
 
 from bench.harness import affinity
 from bench.peers.microbatcher.models import MODEL_NAME, served_model
-from server.launcher import REPO_ROOT, free_port
-from server.process import ManagedProcess, client_host
+from server.launcher import REPO_ROOT
+from server.process import HttpProcess
 
 log = logging.getLogger(__name__)
 
 
 # Running it as a process ------------------------------------------------------------------
-class PeerServer(ManagedProcess):
+class PeerServer(HttpProcess):
     """The peer as a subprocess (``python -m bench.peers.microbatcher``), optionally pinned to CPUs.
 
     Use as a context manager, or call start() and stop().
@@ -42,25 +42,13 @@ class PeerServer(ManagedProcess):
             ValueError: ``model_name`` is not one the peer serves.
         """
         served_model(model_name)  # fail here, not in the subprocess
-        super().__init__(log_path)
+        super().__init__(host, port, log_path)
         self.model_path = model_path
-        self.port = port
-        self.host = host
         self.intra_op_threads = intra_op_threads
         self.max_batch = max_batch
         self.max_wait_ms = max_wait_ms
         self.cpus = cpus
         self.model_name = model_name
-
-    @property
-    def url(self) -> str:
-        """host:port, as perf_analyzer's ``-u`` and tritonclient expect."""
-        return f"{client_host(self.host)}:{self.port}"
-
-    @property
-    def ready_url(self) -> str:
-        """/v2/health/ready, as in Triton."""
-        return f"http://{self.url}/v2/health/ready"
 
     def command(self) -> list[str]:
         """The command line: the CLI below, behind ``taskset -c`` when CPUs are given."""
@@ -73,11 +61,6 @@ class PeerServer(ManagedProcess):
         if self.cpus:
             args = affinity.pinned(self.cpus, args)
         return args
-
-    def prepare(self) -> None:
-        """Pick a free port if asked (0)."""
-        if self.port == 0:
-            self.port = free_port(client_host(self.host))
 
     def start(self, timeout: float = 60.0) -> PeerServer:
         """Start it in the repository, where ``python -m`` finds bench, and wait until ready.
