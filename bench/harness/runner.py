@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -385,17 +385,24 @@ class Runner:
             for level in OPENAI_NULL_LEVELS
         ]
         null = infinity.NullOpenAIServer(cpus=self.server_cpus)
+        with self._started(round_, null, null_cases, "null OpenAI server") as started:
+            for case in null_cases if started else []:
+                self._measure(round_, case, data, url=null.url)
+
+    @contextlib.contextmanager
+    def _started(self, round_: int, server, cases: list[Case], what: str) -> Iterator[bool]:
+        """``server`` running for ``cases`` (True), stopped after; else their rows say why."""
         try:
-            null.start()
+            server.start()
         except Exception as exc:  # noqa: BLE001 - its rows say why; the run goes on
-            for case in null_cases:
-                self._record(Row(round_, case, None, f"null OpenAI server did not start: {exc}"))
+            for case in cases:
+                self._record(Row(round_, case, None, f"{what} did not start: {exc}"))
+            yield False
             return
         try:
-            for case in null_cases:
-                self._measure(round_, case, data, url=null.url)
+            yield True
         finally:
-            null.stop()
+            server.stop()
 
     def _check_infinity(self, server: infinity.InfinityServer) -> None:
         """Once per run: its vectors against the project's PyTorch reference; note the set-up."""
@@ -494,22 +501,14 @@ class Runner:
                 peer = PeerServer(
                     path, cpus=self.server_cpus, intra_op_threads=threads, model_name=model
                 )
-                try:
-                    peer.start()
-                except Exception as exc:  # noqa: BLE001 - its rows say why; the run goes on
-                    for case in cases:
-                        self._record(Row(round_, case, None, f"peer did not start: {exc}"))
-                    continue
-                if system == "peer":
-                    self._pin(round_, f"FastAPI peer ({model})", peer.process.pid)
-                try:
-                    for case in cases:
+                with self._started(round_, peer, cases, "peer") as started:
+                    if started and system == "peer":
+                        self._pin(round_, f"FastAPI peer ({model})", peer.process.pid)
+                    for case in cases if started else []:
                         source = data[model][case.payload]
                         if case.dataset == "mixed":
                             source = self.mixed_data[case.payload]
                         self._measure(round_, case, source, url=peer.url)
-                finally:
-                    peer.stop()
 
     def write_csv(self) -> tuple[Path, Path]:
         """points.csv (one line per measured case and round) and raw.csv."""
