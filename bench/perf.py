@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench import gateway, text_cache
-from bench.harness import affinity, inputs, variants
+from bench.harness import affinity, inputs, perf_analyzer, variants
 from bench.harness.plan import (
     MIXED_WINDOW_REQUESTS,
     RATE_STABILITY_PERCENT,
@@ -23,6 +23,7 @@ from bench.report.markdown import write_markdown
 from bench.report.metrics import metric_table
 from bench.report.plots import write_plots
 from bench.report.points import load
+from export import text_samples
 
 EXAMPLES = """
 examples:
@@ -78,9 +79,11 @@ def add_parser(sub) -> None:
 def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
     """The method paragraph at the top of the report."""
     threads = len(server_cpus)
+    shortest, longest = text_samples.MIXED_PASSAGE_WORDS
     return [
         f"Machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}; "
-        "tritonserver 2.51.0 (PyPI nvidia-pytriton), perf_analyzer from tritonclient 2.51.0.",
+        f"tritonserver {machine['tritonserver']}, perf_analyzer from tritonclient "
+        f"{machine['tritonclient']}.",
         f"Pinning: tritonserver, its Python-backend stubs, the raw engine and the peer servers on "
         f"cores {server_cpus}; perf_analyzer on cores {client_cpus} (taskset).",
         f"Thread budget: onnxruntime uses {threads} intra-op thread(s) in the raw engine, in "
@@ -91,7 +94,8 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
         + (", then infinity-emb and its null twin" if plan.infinity_levels else "")
         + "; ratios are taken within a round and reported as the median [min – max] over rounds.",
         f"perf_analyzer: one process per load level, measurement window {plan.measurement_ms} ms, "
-        "stability 20 % over 3 windows, at most 6 trials; p50/p99 are client-side latencies. "
+        f"stability {plan.stability_percent:g} % over 3 windows, at most "
+        f"{perf_analyzer.Run.max_trials} trials; p50/p99 are client-side latencies. "
         "Request-rate sweeps use Poisson arrivals at fractions "
         f"{plan.rate_fractions} of the throughput that the concurrency sweep of the same model "
         f"and protocol reached in the same round, for {plan.rate_targets}; their windows "
@@ -125,8 +129,10 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
         *(
             [
                 f"Mixed lengths: {inputs.MIXED_TEXTS} distinct texts (seed {inputs.MIXED_SEED}, "
-                "`export.text_samples.mixed_texts`: 70 % single sentences, 30 % passages of "
-                "80-250 words), one per request, at concurrency "
+                "`export.text_samples.mixed_texts`: "
+                f"{1 - text_samples.MIXED_PASSAGE_SHARE:.0%} single sentences, "
+                f"{text_samples.MIXED_PASSAGE_SHARE:.0%} passages of "
+                f"{shortest}-{longest} words), one per request, at concurrency "
                 f"{plan.mixed_levels} to embed (response cache off), the FastAPI peer and "
                 "infinity-emb, with asynchronous calls, windows of at least "
                 f"{MIXED_WINDOW_REQUESTS} requests (4x the concurrency where more) and "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from bench.harness.raw import STAGE_KIND
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
+from server.launcher import MODEL_REPOSITORY, find_installation
 from server.process import stub_model
 
 
@@ -320,7 +321,7 @@ class TritonUnderTest:
 
 
 def machine() -> dict[str, str]:
-    """What the report says about where it ran."""
+    """What the report says about where it ran: the CPU, Python, tritonserver, tritonclient."""
     cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -329,4 +330,12 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": sys.version.split()[0]}
+    installed = find_installation()
+    where = "PyPI nvidia-pytriton" if installed.bundled else str(installed.binary)
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": sys.version.split()[0],
+        "tritonserver": f"{installed.version or '(version unknown)'} ({where})",
+        "tritonclient": importlib.metadata.version("tritonclient"),
+    }
