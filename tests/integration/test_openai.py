@@ -18,12 +18,14 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import openai
 import pytest
 import tritonclient.http as httpclient
+from prometheus_client import CollectorRegistry
 
 from client.embed import EmbedClient
 from gateway import shaping
@@ -38,6 +40,10 @@ pytestmark = pytest.mark.integration
 MIN_COSINE = 0.99999
 CALM_KEY, TIGHT_KEY, PAIR_KEY = "calm-key-0001", "tight-key-0001", "pair-key-0001"
 TIGHT = shaping.Limit(rate=0.2, capacity=2)  # Retry-After: 5 s
+# The counting test's own tenant (no other test spends its bucket): a token a minute, nginx's
+# slowest rate.
+COUNTED_KEY = "counted-key-0001"
+COUNTED = shaping.Limit(rate=1 / 60, capacity=2)
 LIMITS = shaping.parse_limits(
     {
         "anonymous": {"rate": 1000, "capacity": 1000},
@@ -45,6 +51,7 @@ LIMITS = shaping.parse_limits(
             "calm": {"keys": [CALM_KEY], "rate": 1000, "capacity": 1000},
             "tight": {"keys": [TIGHT_KEY], "rate": TIGHT.rate, "capacity": TIGHT.capacity},
             "pair": {"keys": [PAIR_KEY], "rate": 0.1, "capacity": 2},
+            "counted": {"keys": [COUNTED_KEY], "rate": COUNTED.rate, "capacity": COUNTED.capacity},
         },
         "models": {},
     }
@@ -247,28 +254,58 @@ def test_a_call_of_many_texts_takes_one_token(gateway):
         client.embeddings.create(model="embed", input=texts[:1])
 
 
-def test_the_gateway_counts_openai_calls_by_tenant_and_outcome(gateway):
-    client = sdk(gateway, "not-a-known-key-1")  # anonymous
-    for i in range(3):
-        client.embeddings.create(model="embed_int8", input=f"counted {i}")
-    from prometheus_client import CollectorRegistry
+def openai_counts(gateway) -> Counter:
+    """(tenant, model, outcome) → OpenAI calls counted from the gateway's whole shaping log."""
+    registry = CollectorRegistry()
+    counter = make_counter(registry)
+    for line in gateway.shaping_log.read_text().splitlines():
+        count_line(counter, line)
+    counts = Counter()
+    for family in registry.collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == f"{shaping.METRIC}_total" and labels["protocol"] == "openai":
+                counts[labels["tenant"], labels["model"], labels["outcome"]] += sample.value
+    return counts
 
-    labels = {"gateway": "nginx", "tenant": "anonymous", "model": "embed_int8"}
-    admitted = {**labels, "protocol": "openai", "outcome": "admitted"}
+
+def test_the_gateway_counts_openai_calls_by_tenant_and_outcome(gateway):
+    # What the log held before this test (other tests' calls, in whatever order they ran) is
+    # taken off: only this test's own calls are compared with what its client saw.
+    before = openai_counts(gateway)
+    anonymous = sdk(gateway, "not-a-known-key-1")
+    for i in range(3):
+        anonymous.embeddings.create(model="embed_int8", input=f"counted {i}")
+    # One call more than the counted tenant's bucket holds, each outcome as the client saw it.
+    counted = sdk(gateway, COUNTED_KEY)
+    sent = COUNTED.capacity + 1
+    seen = Counter()
+    began = time.monotonic()
+    for i in range(sent):
+        try:
+            counted.embeddings.create(model="embed", input=f"counted tenant {i}")
+            seen[shaping.ADMITTED] += 1
+        except openai.RateLimitError:
+            seen[shaping.REFUSED] += 1
+    elapsed = time.monotonic() - began
+    assert seen[shaping.ADMITTED] + seen[shaping.REFUSED] == sent
+    # The bucket admits its capacity plus what it refilled meanwhile (nothing in under a minute).
+    assert seen[shaping.ADMITTED] <= COUNTED.capacity + COUNTED.rate * elapsed, (seen, elapsed)
+    assert seen[shaping.REFUSED] >= 1, seen
+    expected = {
+        ("anonymous", "embed_int8", shaping.ADMITTED): 3,
+        ("counted", "embed", shaping.ADMITTED): seen[shaping.ADMITTED],
+        ("counted", "embed", shaping.REFUSED): seen[shaping.REFUSED],
+    }
     # nginx logs a request after it has sent the answer: the last line may trail the client.
     deadline = time.monotonic() + 10
     while True:
-        registry = CollectorRegistry()
-        counter = make_counter(registry)
-        for line in gateway.shaping_log.read_text().splitlines():
-            count_line(counter, line)
-        value = registry.get_sample_value
-        if value(f"{shaping.METRIC}_total", admitted) == 3 or time.monotonic() > deadline:
+        after = openai_counts(gateway)
+        counted_now = {key: after[key] - before[key] for key in expected}
+        if counted_now == expected or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert value(f"{shaping.METRIC}_total", admitted) == 3
-    tight = {"gateway": "nginx", "tenant": "tight", "model": "embed", "protocol": "openai"}
-    assert value(f"{shaping.METRIC}_total", {**tight, "outcome": "refused"}) >= 1
+    assert counted_now == expected
 
 
 def test_503_while_the_model_is_not_loaded_and_200_once_it_is(server, gateway):
