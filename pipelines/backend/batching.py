@@ -28,17 +28,11 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from pipelines.rows import RowCountError, split_rows
+
 
 class RequestError(ValueError):
     """A request that cannot be served: its client gets this message, the batch goes on."""
-
-
-class RowCountError(RuntimeError):
-    """A run broke its contract: not one output row per input row, or one result per request.
-
-    ``np.split`` would cut a short batch into short or empty pieces without a word; PyTriton's
-    ``@batch`` and Ray Serve's batching refuse such a run the same way.
-    """
 
 
 def execute(
@@ -212,16 +206,3 @@ def input_array(request: pb_utils.InferenceRequest, name: str) -> np.ndarray | N
     """The named input as a numpy array (a view of Triton's buffer), or None if absent."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
-
-
-def split_rows(batch, sizes: Sequence[int], name: str = "batch") -> list:
-    """Cut a concatenated batch (numpy array or torch tensor) into per-request views.
-
-    Raises:
-        RowCountError: ``batch`` has not ``sum(sizes)`` rows (``name`` says which output).
-    """
-    if len(batch) != sum(sizes):
-        raise RowCountError(f"output {name} has {len(batch)} rows for {sum(sizes)} input rows")
-    if isinstance(batch, np.ndarray):
-        return np.split(batch, np.cumsum(sizes)[:-1])
-    return list(batch.split(list(sizes)))

@@ -27,6 +27,7 @@ from export import text_samples
 from pipelines import classification as spec
 from pipelines import embedding as embed_spec
 from pipelines import onnx_runner
+from pipelines.rows import RowCountError
 
 SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
 
@@ -353,6 +354,28 @@ def test_cli_refuses_a_missing_model(tmp_path, capsys):
     with pytest.raises(SystemExit):
         peer_mod.main(["--model", str(tmp_path / "missing.onnx")])
     assert "model not found" in capsys.readouterr().err
+
+
+def test_a_run_without_one_row_per_input_row_fails_its_requests_alone():
+    # A model that drops the last row of whatever it is given: joined, the rows of the
+    # requests cannot be told apart, so each is run alone, and each fails on its own count.
+    def run_batch(x):
+        return x[:-1] if x[0, 0] >= 0 else x
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, max_batch=8, max_wait_ms=20)
+        batcher.start()
+        try:
+            sent = [np.full((2, 2), v, np.float32) for v in (1, 2, -3)]
+            return await asyncio.gather(*map(batcher.submit, sent), return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    one, two, fine = asyncio.run(scenario())
+    for failed in (one, two):
+        assert isinstance(failed, RowCountError), failed
+        assert "has 1 rows for 2 input rows" in str(failed)
+    np.testing.assert_array_equal(fine, np.full((2, 2), -3, np.float32))
 
 
 def test_closing_the_batcher_fails_requests_in_flight():

@@ -15,6 +15,7 @@ import numpy as np
 
 from bench.peers.microbatcher.models import Padded
 from bench.peers.microbatcher.stats import ModelStats, Timing
+from pipelines.rows import split_rows
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +157,9 @@ class MicroBatcher:
         try:
             result, tokens, padded = _unpack(self.run_batch(batch))
             done = time.perf_counter_ns()
-            bounds = np.cumsum([len(a) for a in arrays])[:-1]
-            # Row slices of a C-contiguous array are contiguous views: no copies.
-            outputs: list = np.split(result, bounds)
+            # Row slices of a C-contiguous array are contiguous views: no copies. A result
+            # without one row per input row fails (RowCountError) rather than being misdealt.
+            outputs: list = split_rows(result, [len(a) for a in arrays])
             return _Execution(outputs, ready - start, done - ready, tokens, padded)
         except Exception as exc:
             if len(arrays) == 1:
@@ -169,7 +170,7 @@ class MicroBatcher:
         for part in arrays:
             try:
                 output, n, m = _unpack(self.run_batch(part))
-                outputs.append(output)
+                outputs.append(split_rows(output, [len(part)])[0])
                 tokens, padded = tokens + n, padded + m
             except Exception as exc:  # noqa: BLE001 - reported to its own request only
                 outputs.append(exc)
