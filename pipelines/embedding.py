@@ -196,7 +196,7 @@ def pad(
 # room for 64 short texts or 8 truncated passages in one run.
 MAX_BATCH_TOKENS = 2048
 # What one more encoder run costs beyond its tokens, in token positions: the value that gave
-# the most texts/s over mixed texts on one core (docs/performance.md, "Sub-batches"). A
+# the most texts/s over mixed texts on one core (docs/studies/2026-12-01-sub-batch-run-cost.md). A
 # sub-batch is cut where padding to the next text would cost more than that.
 RUN_COST_TOKENS = 16
 

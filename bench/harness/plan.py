@@ -31,7 +31,7 @@ EMBED = embedding.ENSEMBLE
 # The OpenAI client's ceiling (null server) at concurrency 1 only: at higher levels perf_analyzer
 # 2.51's OpenAI client hung or did not stabilize against a server that answers in microseconds;
 # at 1 it is a lower bound of the ceiling, still far above what infinity-emb reaches (figures:
-# docs/performance.md, "Embeddings: infinity-emb beside embed and the FastAPI peer").
+# docs/performance.md#how-infinity-emb-runs).
 OPENAI_NULL_LEVELS = [1]
 
 
@@ -195,7 +195,7 @@ class Plan:
                 (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
                 (spec.CLASSIFIER, "http", "binary"): [16],
                 # 150k floats of JSON per image: perf_analyzer itself is the ceiling here (the
-                # null peer's row in docs/performance.md).
+                # report's load-generator headroom rows, docs/perf/2026-12-03/report.md).
                 (spec.CLASSIFIER, "http", "json"): [16],
                 (spec.PREPROCESS, "grpc", "binary"): [16],
                 (spec.POSTPROCESS, "grpc", "binary"): [16],

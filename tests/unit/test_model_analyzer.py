@@ -1,6 +1,7 @@
 """Model Analyzer's set-up and its picks translated into the changes the tuner makes.
 
-What a real run of it found is in docs/performance.md; these tests need no server: the config
+What a real run of it found: docs/studies/2026-12-02-model-analyzer-beside-the-tuner.md. These
+tests need no server: the config
 it is given, the repository it reads, and the translation of the configs it writes (as
 Model Analyzer 1.58 writes them: max_batch_size, instance count, an empty dynamic_batching).
 """
