@@ -107,6 +107,19 @@ ENCODERS = {
 }
 
 
+def classify_served() -> dict[tuple[str, str, str], list[int]]:
+    """Both ways classify is served (the ensemble and the fused model), at the levels it needs.
+
+    At 1, at saturation and at the peer's levels: what its targets need. Fresh lists each call,
+    so that a plan may change its own.
+    """
+    return {
+        (model, protocol, "binary"): levels
+        for model in (spec.ENSEMBLE, spec.FUSED)
+        for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
+    }
+
+
 @dataclass(frozen=True)
 class Case:
     """One thing to measure at one load level."""
@@ -186,12 +199,7 @@ class Plan:
         return cls(
             rounds=2,
             main={
-                # Both ways classify is served, at 1, at saturation and at the peer's levels.
-                **{
-                    (model, protocol, "binary"): levels
-                    for model in (spec.ENSEMBLE, spec.FUSED)
-                    for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
-                },
+                **classify_served(),
                 (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
                 (spec.CLASSIFIER, "http", "binary"): [16],
                 # 150k floats of JSON per image: perf_analyzer itself is the ceiling here (the
@@ -279,11 +287,7 @@ class Plan:
         """Only the image service: classify served, traced step by step, and its raw pipeline."""
         return cls(
             rounds=2,
-            main={
-                (model, protocol, "binary"): levels
-                for model in (spec.ENSEMBLE, spec.FUSED)
-                for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
-            },
+            main=classify_served(),
             others={},
             rate_fractions=[],
             rate_targets=[],
