@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from pipelines import classification as spec
 
@@ -23,7 +24,10 @@ def test_top_k_matches_a_full_sort(k: int):
     ids, scores = spec.top_k(logits, k)
     expected = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
     np.testing.assert_array_equal(ids, expected)
-    np.testing.assert_allclose(scores, np.take_along_axis(spec.softmax(logits), expected, -1))
+    # The probabilities from another implementation (PyTorch, in float64), not spec.softmax,
+    # which top_k itself calls.
+    probs = torch.softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
+    np.testing.assert_allclose(scores, np.take_along_axis(probs, expected, -1), rtol=1e-5)
     assert ids.dtype == np.int32
     assert (np.diff(scores, axis=-1) <= 0).all()
 
