@@ -293,9 +293,10 @@ class ManagedProcess:
         """
         pid = self.process.pid
         regions = shm_regions_of_group(pid)
+        # Taken before the signal: a client can see the crash before killpg has even returned.
+        killed = time.monotonic()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        killed = time.monotonic()
         self.process.wait()
         guard.sweep(pid, regions)
         return killed
