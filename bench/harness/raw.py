@@ -210,49 +210,6 @@ def _positions(name: str, tokens: list[list[int]]) -> int:
     return sum(len(run) * lengths[run[-1]] for run in embedding.sub_batches(lengths))
 
 
-def padding_effect(
-    onnx_path: Path, threads: int, seconds: float, rounds: int = 1
-) -> dict[str, float]:
-    """Encoder time for mixed traffic: 48 short queries and one 256-token text.
-
-    Padded to the longest text of the batch (one [49, 256] run) against per-request buckets
-    as the tokenize step pads them (the short ones share a [48, 32] run, the long one [1, 256]).
-    ``rounds`` measurements of each, interleaved; the best of each is reported (other work on
-    the machine only ever slows a measurement down). ``positions_*``: the token positions one
-    pass feeds the encoder.
-    """
-    from export import text_samples
-    from pipelines import embedding, onnx_runner
-
-    session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
-    texts = list(text_samples.SENTENCES) * 4 + [text_samples.LONG_TEXT]
-    tokens, _ = embedding.encode(texts)
-    fed: dict[str, int] = {}
-
-    def run(design: str, groups: list[list[list[int]]], length=None) -> None:
-        fed[design] = 0
-        for group in groups:
-            ids, mask = embedding.pad(group, length)
-            feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
-            onnx_runner.run(session, feeds, [embedding.EMBEDDING])
-            fed[design] += ids.size
-
-    longest = max(len(t) for t in tokens)
-    padded = bucketed = 0.0
-    for _ in range(rounds):
-        step = lambda: run("pad_to_longest", [tokens], longest)  # noqa: E731
-        padded = max(padded, throughput(step, len(texts), seconds))
-        step = lambda: run("bucketed", [tokens[:-1], tokens[-1:]])  # noqa: E731
-        bucketed = max(bucketed, throughput(step, len(texts), seconds))
-    cost = embedding.padding_cost([[len(t)] for t in tokens])
-    return {
-        "texts_per_s_pad_to_longest": padded,
-        "texts_per_s_bucketed": bucketed,
-        **{f"positions_{design}": n for design, n in fed.items()},
-        **cost,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print {"model": {bs: img/s}, "pipeline": {bs: img/s}, "embed...": ...} as JSON."""
     p = argparse.ArgumentParser(prog="python -m bench.harness.raw", description=__doc__)
