@@ -33,7 +33,7 @@ from packaging.version import Version
 
 from server import gpus as gpu_info
 from server import redis, repository
-from server.process import ManagedProcess, ServerStartError, client_host, free_port
+from server.process import ManagedProcess, ServerStartError, free_port
 
 __all__ = [
     "ADMIN_APIS",
@@ -438,8 +438,7 @@ class Server(ManagedProcess):
         """Pick free ports where asked (0) and install the Python-backend stub if needed."""
         c = self.config
         for name in ("http_port", "grpc_port", "metrics_port"):
-            if getattr(c, name) == 0:
-                setattr(c, name, free_port(client_host(c.host)))
+            setattr(c, name, self.port_or_free(getattr(c, name)))
         if self.installation.has_backend("python"):
             # The stub imports the numpy of this environment (python3 on PATH): check it first.
             problem = stub_numpy_problem(self.installation.version, numpy_version())
