@@ -9,7 +9,10 @@ and the new vectors go back to both layers, to Redis in one pipelined round trip
 Redis is never on the critical path for more than its timeout: every call has a timeout of a few
 milliseconds, and a circuit breaker stops calling a Redis that keeps failing (down, slow, full,
 a wrong password) until it has rested; meanwhile the texts are simply encoded. Nothing here can
-make a request fail.
+make a request fail. The timeout is a deadline on the whole call, which runs on a thread of its
+own: redis-py's socket timeouts do not cover the name lookup before a connect, and a Redis cut
+off its network makes that lookup hang for seconds (Docker's DNS asks the host's for a name it
+no longer has).
 
 Keys cannot serve a wrong vector: they hash the text's bytes together with everything that
 changes its vector (``Keyspace``: model, version, the encoder file's sha256, the tokenizer's,
@@ -20,6 +23,7 @@ pieces; one that does not decode is counted and recomputed, never returned.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import struct
 import time
@@ -132,7 +136,7 @@ def error_kind(exc: BaseException) -> str:
         return "breaker_open"
     if isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError):
         return "auth"
-    if isinstance(exc, redis.TimeoutError):
+    if isinstance(exc, redis.TimeoutError | TimeoutError):
         return "timeout"
     if isinstance(exc, redis.ConnectionError):
         return "connection"
@@ -149,7 +153,7 @@ class SharedLayer:
     Args:
         url: ``redis://[:password@]host:port/db`` or ``rediss://`` for TLS (redis-py's URL).
         ttl_s: how long a stored vector lives.
-        timeout_s: the longest any call may take (connecting included).
+        timeout_s: the longest any call may take (name lookup and connecting included).
         breaker_failures: consecutive failed calls that open the breaker.
         breaker_reset_s: how long an open breaker stays open before one call is tried again.
     """
@@ -177,6 +181,11 @@ class SharedLayer:
         self.breaker = pybreaker.CircuitBreaker(
             fail_max=breaker_failures, reset_timeout=breaker_reset_s
         )
+        self.timeout_s = timeout_s
+        # One call at a time (a stub executes one batch at a time anyway); a call still running
+        # past its deadline keeps the next ones from queueing behind it.
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="redis")
+        self._running: concurrent.futures.Future | None = None
 
     @property
     def open(self) -> bool:
@@ -186,12 +195,24 @@ class SharedLayer:
     def _call(self, outcome: Outcome, fn, *args):
         started = time.perf_counter()
         try:
-            return self.breaker.call(fn, *args)
+            return self.breaker.call(self._within_deadline, fn, *args)
         except Exception as exc:  # noqa: BLE001 - every failure is a miss, counted by kind
             outcome.error(error_kind(exc))
             return None
         finally:
             outcome.redis_seconds.append(time.perf_counter() - started)
+
+    def _within_deadline(self, fn, *args):
+        # fn runs on the worker; the breaker (whose lock is held through a call) wraps only
+        # this wait, so it never waits for a call stuck past its deadline.
+        if self._running is not None and not self._running.done():
+            raise TimeoutError("the previous Redis call is still running past its deadline")
+        self._running = self._worker.submit(fn, *args)
+        try:
+            # The socket timeouts end a call on their own: a margin before giving up on it.
+            return self._running.result(timeout=2 * self.timeout_s + 0.005)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError("Redis call past its deadline") from None
 
     def get_many(self, keys: list[str], outcome: Outcome) -> list[bytes | None]:
         """Values of ``keys`` in order (None for a miss), or all None if Redis failed."""

@@ -157,6 +157,26 @@ def test_a_slow_redis_costs_its_timeout_not_its_sleep(redis_server):
     assert took < 1.5  # the timeout, not the three seconds of sleep
 
 
+def test_a_name_lookup_that_hangs_costs_the_deadline_and_opens_the_breaker(monkeypatch):
+    """A Redis cut off its network: Docker's DNS hangs on its name for seconds (seen in
+    test_containers), before any socket timeout applies. Every lookup still answers in time."""
+    import socket
+
+    real = socket.getaddrinfo
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda *a, **k: time.sleep(3) or real(*a, **k)
+    )  # fmt: skip
+    c = cache("redis://cut-off.invalid:6379/0", local_bytes=0, breaker_failures=3)
+    outcomes = []
+    for _ in range(5):
+        found, outcome, took = bounded_lookup(c, ["a text"])
+        assert found == [None] and took < 1.5  # the deadline, not the three seconds
+        outcomes.append(outcome.errors)
+    # The first call overruns; the next ones do not queue behind it; the third failure opens
+    # the breaker (pybreaker reports that one as the opening).
+    assert outcomes == [{"timeout": 1}] * 2 + [{"breaker_open": 1}] * 3
+
+
 def test_a_full_redis_refuses_stores_and_the_answers_go_on():
     with RedisServer(maxmemory="1mb", policy="noeviction") as server:
         c = cache(server.url, local_bytes=0)
