@@ -74,8 +74,13 @@ GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # body) and sends its Triton requests (infer), by OpenAI model id.
 OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/(shape|infer)$"
 OVERLOADED = "too many requests at once from this address: retry after 1 s"
-# What a location with error_page lines of its own adds, to keep limit_conn's refusal JSON.
-KEEP_OVERLOADED = "            error_page 503 = @overloaded;"
+# When no server behind the gateway answers (all down, restarting, or too slow to connect).
+UNAVAILABLE = "no inference server answered the gateway: retry after 1 s"
+# What a location with error_page lines of its own adds, to keep nginx's own errors JSON
+# (limit_conn's refusal, and 502/504 when no server answers).
+KEEP_OVERLOADED = (
+    "            error_page 503 = @overloaded;\n            error_page 502 504 = @unavailable;"
+)
 OPERATOR_ONLY = (
     "not served through the gateway: an operator reaches it on Triton directly, with the admin key"
 )
@@ -459,6 +464,7 @@ def render(
         "@HTTP_INFER@": HTTP_INFER.format(models="|".join(SERVED)),
         "@OPERATOR_ONLY@": OPERATOR_ONLY,
         "@OVERLOADED@": OVERLOADED,
+        "@UNAVAILABLE@": UNAVAILABLE,
         "@OPERATORS@": "\n".join(f"            allow {_operator(a)};" for a in operators),
         "@UNKNOWN_MODEL@": f"unknown model: this gateway serves {', '.join(SERVED)}",
     }
