@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,3 +186,15 @@ def load_limits(path: str | Path, placeholders: bool = False) -> Limits:
         return parse_limits(data, placeholders)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def with_secret_keys(text: str) -> str:
+    """A limits file's text with a fresh random key in place of each committed placeholder.
+
+    A gateway refuses the placeholders; a deployment (or a test, or ``make up``) puts keys of
+    its own in a copy. Each key keeps its tenant's prefix (``team-a-...``), for the reader.
+    """
+    for placeholder in sorted(set(re.findall(rf'"([^"]*){PLACEHOLDER}"', text))):
+        key = f"{placeholder}{secrets.token_urlsafe(24)}"
+        text = text.replace(f'"{placeholder}{PLACEHOLDER}"', f'"{key}"')
+    return text

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -147,8 +146,5 @@ def limits_with_secret_keys(path: Path) -> Path:
     from gateway import shaping
     from gateway.nginx import LIMITS
 
-    text = LIMITS.read_text()
-    for placeholder in sorted(set(re.findall(rf'"([^"]*{shaping.PLACEHOLDER})"', text))):
-        text = text.replace(f'"{placeholder}"', f'"{secrets.token_urlsafe(24)}"')
-    path.write_text(text)
+    path.write_text(shaping.with_secret_keys(LIMITS.read_text()))
     return path
