@@ -1,7 +1,8 @@
-"""The container's entrypoint: engines for this GPU, instance groups for its GPUs, tritonserver.
+"""The containers' entrypoint: engines for this GPU, instance groups for its GPUs, tritonserver.
 
-docker/Dockerfile: ``ENTRYPOINT ["python3", "-m", "server.container"]``; this process execs
-tritonserver, so the server is PID 1's direct heir and receives the container's signals.
+docker/Dockerfile: ``ENTRYPOINT ["python3", "-m", "server.container"]`` in both images; this
+process execs tritonserver, so the server is PID 1's direct heir and receives the container's
+signals. With no GPU it serves the CPU configs of the server it finds (``server_config``).
 
 TensorRT engines are specific to the GPU model and the TensorRT version, so they are built here,
 on the target, at the first start, into a cache volume keyed by both; later starts (and other
@@ -9,7 +10,8 @@ containers sharing the volume) reuse them. Arguments are appended to tritonserve
 
 Environment:
     TRITON_ENGINE_CACHE        engine cache folder (default /engines, a volume)
-    TRITON_MODEL_CONFIG_NAME   gpu (TensorRT plans, default) or gpu-ort (onnxruntime + TensorRT)
+    TRITON_MODEL_CONFIG_NAME   gpu (TensorRT plans, default) or gpu-ort (onnxruntime + TensorRT);
+                               on a CPU, local (default of the CPU image), local-shed, ...
     TRITON_INSTANCES_PER_GPU   instances of each GPU model per GPU (default: each config's count)
     TRITON_CACHE_BYTES         response cache size (default 256 MiB)
     TRITON_RESPONSE_CACHE_REDIS_URL
@@ -40,7 +42,15 @@ from pathlib import Path
 from export import tensorrt
 from server import gpus as gpu_info
 from server import redis, supervisor
-from server.launcher import ADMIN_KEY_ENV, MODEL_REPOSITORY, Server, ServerConfig
+from server.launcher import (
+    ADMIN_KEY_ENV,
+    MODEL_REPOSITORY,
+    Installation,
+    Server,
+    ServerConfig,
+    detect_environment,
+    find_installation,
+)
 
 log = logging.getLogger("server.container")
 
@@ -127,12 +137,21 @@ def cached_plan_problem(
     return f"cached plan does not serve the config: {problems}" if problems else None
 
 
-def server_config(argv: Sequence[str], environ: dict[str, str], gpus) -> ServerConfig:
-    """What the container runs: all interfaces, the standard ports, the environment's knobs."""
-    name = environ.get("TRITON_MODEL_CONFIG_NAME", ENGINE_CONFIG)
-    if not gpus:
-        log.warning("no GPU visible: serving the CPU configs (config.pbtxt)")
-        name = None
+def server_config(
+    argv: Sequence[str], environ: dict[str, str], gpus, installation: Installation
+) -> ServerConfig:
+    """What the container runs: all interfaces, the standard ports, the environment's knobs.
+
+    The config name is $TRITON_MODEL_CONFIG_NAME, else what ``detect_environment`` picks for
+    this server and these GPUs. A GPU config on a machine with no GPU falls back to the CPU
+    configs of the server found: ``config.pbtxt`` on NGC's native backends, ``configs/local``
+    on the bundled server of the CPU image (onnxruntime inside Python steps).
+    """
+    detected = detect_environment(installation, gpus)
+    name = environ.get("TRITON_MODEL_CONFIG_NAME") or detected
+    if not gpus and (name or "").startswith("gpu"):
+        log.warning("no GPU visible: serving the CPU configs (%s)", detected or "config.pbtxt")
+        name = detected
     per_gpu = environ.get("TRITON_INSTANCES_PER_GPU")
     return ServerConfig(
         model_repository=MODEL_REPOSITORY,
@@ -171,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     gpus = gpu_info.discover()
-    config = server_config(argv, dict(os.environ), gpus)
+    config = server_config(argv, dict(os.environ), gpus, find_installation())
     supervise = add_supervision(config, dict(os.environ))
     if config.model_config_name == ENGINE_CONFIG:
         cache = Path(os.environ.get("TRITON_ENGINE_CACHE", "/engines"))

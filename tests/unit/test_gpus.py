@@ -80,14 +80,21 @@ def test_without_gpus_the_groups_run_on_cpu():
     ],
 )
 def test_environment_follows_backends_and_gpus(tmp_path, backends, machine, expected):
-    # A stand-in installation whose backends/ holds these folders: both kinds of server are
-    # covered wherever the tests run, whichever tritonserver this machine has.
+    assert launcher.detect_environment(installation(tmp_path, backends), machine) == expected
+
+
+def installation(folder, backends) -> launcher.Installation:
+    """A stand-in installation whose backends/ holds these folders: both kinds of server are
+    covered wherever the tests run, whichever tritonserver this machine has."""
     for name in backends:
-        (tmp_path / "backends" / name).mkdir(parents=True)
-    inst = launcher.Installation(
-        tmp_path / "bin" / "tritonserver", tmp_path / "backends", tmp_path / "caches", False
+        (folder / "backends" / name).mkdir(parents=True, exist_ok=True)
+    return launcher.Installation(
+        folder / "bin" / "tritonserver", folder / "backends", folder / "caches", False
     )
-    assert launcher.detect_environment(inst, machine) == expected
+
+
+NGC = ["python", "onnxruntime", "tensorrt"]
+BUNDLED = ["python"]
 
 
 def test_materialized_repository_links_files_and_writes_only_generated_configs(tmp_path):
@@ -128,11 +135,12 @@ def test_container_refuses_mixed_gpu_models_before_building(tmp_path):
         container.ensure_engines(MODEL_REPOSITORY, tmp_path, MACHINE)
 
 
-def test_container_serves_everywhere_and_passes_arguments_through():
+def test_container_serves_everywhere_and_passes_arguments_through(tmp_path):
     from server import container
 
+    ngc = installation(tmp_path / "ngc", NGC)
     config = container.server_config(
-        ["--log-verbose=1"], {"TRITON_INSTANCES_PER_GPU": "2"}, MACHINE
+        ["--log-verbose=1"], {"TRITON_INSTANCES_PER_GPU": "2"}, MACHINE, ngc
     )
     assert (config.host, config.http_port, config.grpc_port, config.metrics_port) == (
         "0.0.0.0",
@@ -142,17 +150,36 @@ def test_container_serves_everywhere_and_passes_arguments_through():
     )
     assert config.model_config_name == "gpu" and config.instances_per_gpu == 2
     assert config.extra_args == ["--log-verbose=1"]
-    alt = container.server_config([], {"TRITON_MODEL_CONFIG_NAME": "gpu-ort"}, MACHINE)
+    alt = container.server_config([], {"TRITON_MODEL_CONFIG_NAME": "gpu-ort"}, MACHINE, ngc)
     assert alt.model_config_name == "gpu-ort" and alt.instances_per_gpu is None
-    assert container.server_config([], {}, []).model_config_name is None
+    assert container.server_config([], {}, [], ngc).model_config_name is None
     assert alt.response_cache_url is None and alt.text_cache_url is None
     environ = {
         "TRITON_RESPONSE_CACHE_REDIS_URL": "redis://:pw@redis:6379/1",
         "EMBED_TEXT_CACHE_URL": "redis://:pw@redis:6379/0",
     }
-    cached = container.server_config([], environ, MACHINE)
+    cached = container.server_config([], environ, MACHINE, ngc)
     assert cached.response_cache_url == environ["TRITON_RESPONSE_CACHE_REDIS_URL"]
     assert cached.text_cache_url == environ["EMBED_TEXT_CACHE_URL"]
+
+
+@pytest.mark.parametrize(
+    ("backends", "machine", "environ", "expected"),
+    [
+        (NGC, [], {"TRITON_MODEL_CONFIG_NAME": "gpu"}, None),  # the GPU image on a CPU host
+        (BUNDLED, [], {}, "local"),  # the CPU image
+        (BUNDLED, [], {"TRITON_MODEL_CONFIG_NAME": "gpu"}, "local"),  # compose's GPU default
+        (BUNDLED, [], {"TRITON_MODEL_CONFIG_NAME": "local-shed"}, "local-shed"),
+        (BUNDLED, MACHINE[:1], {}, "gpu-local"),
+    ],
+)
+def test_container_serves_the_configs_its_server_and_machine_can_run(
+    tmp_path, backends, machine, environ, expected
+):
+    from server import container
+
+    config = container.server_config([], environ, machine, installation(tmp_path, backends))
+    assert config.model_config_name == expected
 
 
 def test_cached_engines_are_rebuilt_when_what_they_were_built_from_changes(tmp_path, monkeypatch):

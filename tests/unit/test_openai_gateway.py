@@ -75,13 +75,11 @@ def test_without_openai_there_is_no_openai_api(nginx_binary):
 
 # The deployments' render commands, inside a copy of the image's files ----------------------------
 def image_files(root: Path) -> Path:
-    """/opt/app as docker/Dockerfile builds it: the sources it COPYs (no exported models)."""
+    """/opt/app as docker/Dockerfile builds it: the sources it COPYs there (no exported models)."""
     app = root / "opt" / "app"
     app.mkdir(parents=True)
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    for source, target in re.findall(r"^COPY (\S+) (\S+)$", dockerfile, re.M):
-        if target.startswith("/"):
-            continue  # the requirements, outside the application
+    for source, target in re.findall(r"^COPY (\S+) /opt/app/(\S*)$", dockerfile, re.M):
         path = REPO / source
         if path.is_dir():
             shutil.copytree(path, app / target, ignore=shutil.ignore_patterns("*.onnx*"))
