@@ -14,7 +14,8 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check imports
+.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check imports \
+	engine up down
 
 venv: $(STAMP)
 
@@ -89,17 +90,37 @@ format: $(STAMP)
 # evaluate the dashboard's queries; nginx is the load balancer in front of several servers, and
 # its njs module serves OpenAI's embeddings API (gateway/openai.js); redis-server is embed's
 # shared per-text cache (server/redis.py).
+# docker.io, docker-compose, runc and mmdebstrap: the container engine, Compose 1.29 and the
+# Debian root file systems the container tests build their images from (containers/).
 NJS_MODULE := /usr/lib/nginx/modules/ngx_http_js_module.so
 tools:
 	@command -v promtool >/dev/null && command -v nginx >/dev/null && test -f $(NJS_MODULE) \
-		&& command -v redis-server >/dev/null || { \
-		echo "installing Debian's prometheus, nginx, its njs module and redis-server"; \
+		&& command -v redis-server >/dev/null && command -v dockerd >/dev/null \
+		&& command -v docker-compose >/dev/null && command -v mmdebstrap >/dev/null || { \
+		echo "installing Debian's prometheus, nginx, its njs module, redis-server, docker.io," \
+			"docker-compose and mmdebstrap"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus nginx libnginx-mod-http-js redis-server; }
+			prometheus nginx libnginx-mod-http-js redis-server \
+			docker.io docker-compose runc mmdebstrap; }
 
 test: lint models tools
 	$(PY) -m pytest -raR $(PYTEST_ARGS)
+
+# The stack in containers on this host (docker/docker-compose.yml + docker-compose.cpu.yml):
+# a Docker daemon found or started (docker/engine.sh, root), the images built (from Debian's
+# packages where no registry answers: UP_FROM=debian|registry|auto), every service healthy.
+# `make down` removes the stack and stops a daemon that `make up` started.
+UP_FROM ?= auto
+engine: tools
+	bash docker/engine.sh start
+
+up: models engine
+	$(PY) -m containers up --from $(UP_FROM)
+
+down: $(STAMP)
+	$(PY) -m containers down
+	bash docker/engine.sh stop
 
 # Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
 perf: models

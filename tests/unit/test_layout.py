@@ -40,6 +40,8 @@ def test_the_repository_keeps_its_import_contracts():
         ("client", "export"),  # below it in the layers, but the client SDK must not need it
         ("bench", "tune"),  # the tuner builds on the benchmark's harness, never the reverse
         ("model_config", "export"),  # the overlay library serves the export, not the reverse
+        ("gateway", "containers"),  # the stack runs the gateway; the gateway knows no container
+        ("server", "containers"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(tmp_path, package, imported):

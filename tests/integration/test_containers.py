@@ -1,0 +1,471 @@
+"""The compose stack in real containers on this CPU host: docker-compose.yml + its CPU override.
+
+The images are built as ``make up`` builds them (containers.images: the Hub images where a
+registry answers, else stand-ins from Debian's packages), on a Docker engine that
+docker/engine.sh finds or starts. Everything is reached the way a user reaches it: through the
+gateway's published ports, Prometheus on the host's loopback, and (for what a user never sees:
+one replica's metrics) a container's own address on the project's network.
+
+The faults are real: a crashed tritonserver (killed from the host, as the OOM killer would), a
+frozen Redis (``docker pause``), a Redis cut off its network, and ``docker stop``. Skipped, with
+the reason, only where no container engine can start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from client import classify as classify_client
+from client import embed as embed_client
+from containers import images, tools
+from containers.stack import Stack, state_environment
+from gateway import shaping
+from pipelines import classification as cspec
+from pipelines import embedding as espec
+from server.process import free_port
+from tests.helpers import scrape, value
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+PROJECT = "triton-model-repository-test"
+# The same model, runtime and inputs as make serve: the answers may differ by float rounding
+# only (both run onnxruntime 1.32 on this CPU).
+ATOL = 1e-5
+TRITON_PORTS = (8000, 8001, 8002)
+
+
+# --- the stack ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """A Docker daemon that answers: one already running, or dockerd started for this run."""
+    try:
+        started = tools.start_engine()
+    except FileNotFoundError as exc:
+        pytest.skip(f"no container engine: {exc}")
+    if started.returncode != 0:
+        pytest.skip(f"no container engine could start: {started.stderr.strip()}")
+    yield
+    tools.stop_engine()  # only a dockerd that start_engine started
+
+
+@pytest.fixture(scope="module")
+def stack(engine, tmp_path_factory, classifier_onnx, encoder_onnx):
+    variables = state_environment(tmp_path_factory.mktemp("stack"))
+    # Free ports of this host for what the stack publishes: nothing else of the run collides.
+    for name in ("GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "PROMETHEUS_PORT"):
+        variables[name] = str(free_port())
+    variables |= images.build_all("auto")
+    running = Stack(variables, project=PROJECT)
+    running.down()  # what a killed run may have left
+    running.up_seconds = running.up()
+    yield running
+    running.down()
+
+
+def gateway_http(s: Stack) -> str:
+    return f"127.0.0.1:{s.variables['GATEWAY_HTTP_PORT']}"
+
+
+def gateway_grpc(s: Stack) -> str:
+    return f"127.0.0.1:{s.variables['GATEWAY_GRPC_PORT']}"
+
+
+def prometheus_url(s: Stack) -> str:
+    return f"http://127.0.0.1:{s.variables['PROMETHEUS_PORT']}"
+
+
+def limits(s: Stack) -> shaping.Limits:
+    return shaping.load_limits(s.variables["GATEWAY_LIMITS"])
+
+
+def tenant_key(s: Stack, tenant: str) -> str:
+    return next(key for key, name in limits(s).keys.items() if name == tenant)
+
+
+def fresh_texts(n: int, tag: str = "") -> list[str]:
+    """Texts no cache of the stack has seen (the response cache and the per-text one)."""
+    run = uuid.uuid4().hex[:8]
+    return [f"container check {tag} {run} sentence number {i}." for i in range(n)]
+
+
+def embed(url: str, texts: list[str], key: str | None = None) -> np.ndarray:
+    headers = {"X-Api-Key": key} if key else None
+    with httpclient.InferenceServerClient(url) as client:
+        inputs = embed_client.build_inputs(httpclient, texts)
+        result = client.infer(espec.ENSEMBLE, inputs, headers=headers)
+    return embed_client.parse(result)
+
+
+def classify(url: str, jpeg: bytes, key: str | None = None) -> list[classify_client.Prediction]:
+    headers = {"X-Api-Key": key} if key else None
+    with httpclient.InferenceServerClient(url) as client:
+        inputs = classify_client.build_inputs(httpclient, [jpeg], 5)
+        result = client.infer(cspec.ENSEMBLE, inputs, headers=headers)
+    return classify_client.parse(result)
+
+
+# --- up, and the same answers as make serve ------------------------------------------------
+
+
+def test_every_service_of_the_stack_comes_up_healthy(stack):
+    assert stack.service_states() == {
+        "triton": "healthy",
+        "redis": "healthy",
+        "gateway-config": "exited 0",
+        "gateway": "healthy",
+        "gateway-metrics": "healthy",
+        "prometheus": "healthy",
+    }
+    print(f"stack healthy {stack.up_seconds:.1f} s after up")
+
+
+def test_classify_and_embed_through_the_gateway_equal_make_serves(stack, server, photos):
+    key = tenant_key(stack, "team-b")
+    jpeg = photos["chelsea"]
+    (served,) = classify(gateway_http(stack), jpeg, key)
+    (local,) = classify(server.http_url, jpeg)
+    assert served.labels == local.labels and served.class_ids == local.class_ids
+    np.testing.assert_allclose(served.scores, local.scores, atol=ATOL)
+    texts = fresh_texts(3, "http")
+    np.testing.assert_allclose(
+        embed(gateway_http(stack), texts, key), embed(server.http_url, texts), atol=ATOL
+    )
+
+
+def test_grpc_through_the_gateway_equals_make_serves(stack, server):
+    texts = fresh_texts(3, "grpc")
+    with grpcclient.InferenceServerClient(gateway_grpc(stack)) as client:
+        inputs = embed_client.build_inputs(grpcclient, texts)
+        result = client.infer(
+            espec.ENSEMBLE, inputs, headers={"x-api-key": tenant_key(stack, "team-b")}
+        )
+    np.testing.assert_allclose(embed_client.parse(result), embed(server.http_url, texts), atol=ATOL)
+
+
+def test_openai_embeddings_with_a_tenant_key_and_429_past_its_budget(stack, server):
+    import openai
+
+    base = f"http://{gateway_http(stack)}/v1"
+    texts = fresh_texts(2, "openai")
+    with openai.OpenAI(base_url=base, api_key=tenant_key(stack, "team-b"), max_retries=0) as client:
+        answer = client.embeddings.create(model=espec.ENSEMBLE, input=texts)
+    vectors = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    np.testing.assert_allclose(vectors, embed(server.http_url, texts), atol=ATOL)
+
+    # team-a: capacity 10, 2 a second (docker/nginx/limits.toml). Calls until the first 429.
+    team_a = limits(stack).tenants["team-a"]
+    admitted, started = 0, time.monotonic()
+    with openai.OpenAI(base_url=base, api_key=tenant_key(stack, "team-a"), max_retries=0) as client:
+        for _ in range(4 * team_a.capacity):
+            try:
+                client.embeddings.create(model=espec.ENSEMBLE, input="a")
+            except openai.RateLimitError as exc:
+                assert exc.response.headers.get("retry-after")
+                break
+            admitted += 1
+        else:
+            pytest.fail(f"no 429 after {admitted} calls")
+    elapsed = time.monotonic() - started
+    assert team_a.capacity <= admitted <= team_a.capacity + team_a.rate * elapsed + 1
+
+
+# --- Prometheus, replicas, exposure ----------------------------------------------------------
+
+
+def prometheus(s: Stack, path: str) -> dict:
+    with urllib.request.urlopen(prometheus_url(s) + path, timeout=10) as response:
+        return json.load(response)
+
+
+def test_prometheus_scrapes_triton_and_the_gateway_and_answers_queries(stack):
+    deadline = time.monotonic() + 60
+    while True:
+        targets = prometheus(stack, "/api/v1/targets")["data"]["activeTargets"]
+        health = {t["labels"]["job"]: t["health"] for t in targets}
+        result = prometheus(stack, "/api/v1/query?query=sum(nv_inference_count)")["data"]["result"]
+        if (
+            health == {"triton": "up", "gateway": "up"}
+            and result
+            and float(result[0]["value"][1]) > 0
+        ):
+            break
+        assert time.monotonic() < deadline, (health, result)
+        time.sleep(1)
+
+
+def replica_metrics(s: Stack, index: int) -> dict:
+    @dataclass
+    class Replica:
+        metrics_url: str
+
+    return scrape(Replica(f"http://{s.address('triton', index)}:8002/metrics"))
+
+
+def test_two_replicas_share_the_redis(stack):
+    stack.compose(
+        "up", "-d", "--no-build", "--no-recreate", "--no-deps", "--scale", "triton=2", "triton"
+    )
+    try:
+        stack.wait_healthy(180)
+        texts = fresh_texts(5, "replicas")
+        first = embed(f"{stack.address('triton', 1)}:8000", texts)
+        hits = lambda: value(  # noqa: E731
+            replica_metrics(stack, 2), "pipeline_text_cache_hits_total", layer="redis",
+            model=espec.TOKENIZE_ENCODE, version="1",
+        )  # fmt: skip
+        before = hits()
+        second = embed(f"{stack.address('triton', 2)}:8000", texts)
+        assert hits() - before == len(texts)  # every text: a redis hit on the other replica
+        np.testing.assert_allclose(second, first, atol=ATOL)
+    finally:
+        stack.compose(
+            "up", "-d", "--no-build", "--no-recreate", "--no-deps", "--scale", "triton=1", "triton"
+        )
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_only_the_gateway_and_prometheus_on_loopback_are_reachable_from_the_host(stack):
+    bindings = {}
+    for c in stack.containers():
+        for ports in (c["HostConfig"]["PortBindings"] or {}).values():
+            for p in ports:
+                bindings[(stack.service_of(c), p["HostIp"] or "0.0.0.0")] = int(p["HostPort"])
+    assert set(bindings) == {("gateway", "0.0.0.0"), ("prometheus", "127.0.0.1")}
+    names = ("GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "PROMETHEUS_PORT")
+    for port in (int(stack.variables[name]) for name in names):
+        assert not refused(port), port
+    for port in TRITON_PORTS:
+        assert refused(port), f"something answers on 127.0.0.1:{port}"
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """Embedding requests through the gateway from a few threads, each outcome kept.
+
+    An outcome is ``ok`` (HTTP 200 and the right vector), ``wrong`` (200 and another vector),
+    ``json <status>`` (an error the gateway or Triton answered as JSON) or ``lost`` (no answer,
+    or one a client cannot read).
+    """
+
+    url: str
+    key: str
+    reference: dict[str, np.ndarray]  # text → its vector from make serve
+    threads: int = 2
+    interval_s: float = 0.05
+    outcomes: list[tuple[float, str]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._workers = [threading.Thread(target=self._run, args=(i,)) for i in range(self.threads)]
+        self._texts = list(self.reference)
+
+    def _send(self, text: str) -> str:
+        body = json.dumps({
+            "inputs": [{"name": espec.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": [text]}],
+            "outputs": [{"name": espec.EMBEDDING}],
+        }).encode()  # fmt: skip
+        request = urllib.request.Request(
+            f"http://{self.url}/v2/models/{espec.ENSEMBLE}/infer",
+            data=body,
+            headers={"X-Api-Key": self.key, "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                data = json.load(response)["outputs"][0]["data"]
+        except urllib.error.HTTPError as exc:
+            try:
+                json.loads(exc.read())["error"]
+            except (ValueError, KeyError, TypeError):
+                return "lost"
+            return f"json {exc.code}"
+        except (OSError, ValueError):
+            return "lost"
+        close = np.allclose(np.array(data, dtype=np.float32), self.reference[text], atol=ATOL)
+        return "ok" if close else "wrong"
+
+    def _run(self, worker: int) -> None:
+        n = worker
+        while not self._stop.is_set():
+            text = self._texts[n % len(self._texts)]
+            n += self.threads
+            started = time.monotonic()
+            outcome = self._send(text)
+            self.seconds.append(time.monotonic() - started)
+            self.outcomes.append((time.monotonic(), outcome))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        for w in self._workers:
+            w.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for w in self._workers:
+            w.join(timeout=90)
+
+    def counts(self, since: float = 0.0) -> Counter:
+        return Counter(outcome for t, outcome in list(self.outcomes) if t >= since)
+
+
+def references(server, texts: list[str]) -> dict[str, np.ndarray]:
+    """Each text's vector from make serve, in requests of at most the model's batch."""
+    chunks = [texts[i : i + espec.MAX_TEXTS] for i in range(0, len(texts), espec.MAX_TEXTS)]
+    vectors = np.concatenate([embed(server.http_url, chunk) for chunk in chunks])
+    return dict(zip(texts, vectors, strict=True))
+
+
+def wait_for(condition, timeout_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_a_crashed_tritonserver_is_restarted_and_the_gateway_answers_json_meanwhile(stack, server):
+    reference = references(server, fresh_texts(8, "crash"))
+    triton = stack.container("triton")
+    restarts = triton["RestartCount"]
+    with Load(gateway_http(stack), tenant_key(stack, "team-b"), reference) as load:
+        wait_for(lambda: load.counts()["ok"] >= 10, 60, "load before the crash")
+        # The container's main process killed from the host, as the kernel's OOM killer would:
+        # the restart policy applies (`docker kill` is an operator's stop, never restarted).
+        os.kill(triton["State"]["Pid"], signal.SIGKILL)
+        crashed = time.monotonic()
+        wait_for(lambda: stack.container("triton")["RestartCount"] > restarts, 30, "restart")
+        back = wait_for(lambda: stack.service_states()["triton"] == "healthy", 120, "healthy")
+        healthy_at = time.monotonic()
+        wait_for(lambda: sum(load.counts(since=healthy_at).values()) >= 10, 60, "after restart")
+    during = load.counts(since=crashed)
+    print(f"crash: healthy {back:.1f} s after the kill; outcomes from it on: {dict(during)}")
+    assert set(load.counts()) <= {"ok", "json 503"}, load.counts()
+    assert during["json 503"] >= 1, "no request saw the crash: was it one?"
+    assert set(load.counts(since=healthy_at)) == {"ok"}, load.counts(since=healthy_at)
+
+
+def breaker_open(s: Stack) -> float:
+    return value(
+        replica_metrics(s, 1), "pipeline_text_cache_breaker_open",
+        model=espec.TOKENIZE_ENCODE, version="1",
+    )  # fmt: skip
+
+
+def cache_errors(s: Stack) -> float:
+    samples = replica_metrics(s, 1)
+    return sum(
+        v for (name, labels), v in samples.items()
+        if name == "pipeline_text_cache_errors_total" and ("version", "1") in labels
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["pause", "disconnect"])
+def test_a_frozen_or_cut_off_redis_costs_no_request_and_the_breaker_recovers(stack, server, fault):
+    redis_name = stack.container("redis")["Name"].lstrip("/")
+    (network,) = stack.container("redis")["NetworkSettings"]["Networks"]
+    # Texts never seen: every request goes through the step and asks Redis.
+    reference = references(server, fresh_texts(400, fault))
+    errors_before = cache_errors(stack)
+    with Load(gateway_http(stack), tenant_key(stack, "team-b"), reference) as load:
+        wait_for(lambda: load.counts()["ok"] >= 5, 60, "load before the fault")
+        if fault == "pause":
+            subprocess.run([tools.docker(), "pause", redis_name], check=True, capture_output=True)
+        else:
+            subprocess.run(
+                [tools.docker(), "network", "disconnect", network, redis_name],
+                check=True,
+                capture_output=True,
+            )
+        faulted = time.monotonic()
+        try:
+            wait_for(lambda: breaker_open(stack) == 1, 60, "breaker open")
+            wait_for(
+                lambda: load.counts(since=faulted)["ok"] >= 20, 60, "answers while Redis is away"
+            )
+        finally:
+            if fault == "pause":
+                subprocess.run(
+                    [tools.docker(), "unpause", redis_name], check=True, capture_output=True
+                )
+            else:
+                subprocess.run(
+                    [tools.docker(), "network", "connect", "--alias", "redis", network, redis_name],
+                    check=True,
+                    capture_output=True,
+                )
+        closed = wait_for(lambda: breaker_open(stack) == 0, 60, "breaker closed again")
+    print(
+        f"redis {fault}: breaker closed {closed:.1f} s after Redis came back; {dict(load.counts())}"
+    )
+    assert set(load.counts()) == {"ok"}, load.counts()
+    assert cache_errors(stack) > errors_before
+    # A Redis that never answers must not hold a request up: each waits at most the cache's
+    # timeout (5 ms) per call, and far less once the breaker is open. Nothing took seconds.
+    assert max(load.seconds) < 5, sorted(load.seconds)[-5:]
+
+
+def test_docker_stop_drains_tritonserver_and_exits_zero_within_15_s(stack, server):
+    reference = references(server, fresh_texts(8, "stop"))
+    triton = stack.container("triton")
+    with Load(gateway_http(stack), tenant_key(stack, "team-b"), reference) as load:
+        wait_for(lambda: load.counts()["ok"] >= 10, 60, "load before the stop")
+        started = time.monotonic()
+        subprocess.run(
+            [tools.docker(), "stop", "-t", "30", triton["Id"]],
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
+        took = time.monotonic() - started
+        time.sleep(1)
+    state = stack.container("triton")["State"]
+    print(f"docker stop: {took:.1f} s, exit {state['ExitCode']}; outcomes {dict(load.counts())}")
+    assert state["Status"] == "exited" and state["ExitCode"] == 0 and not state["OOMKilled"]
+    assert took < 15
+    assert set(load.counts()) <= {"ok", "json 503"}, load.counts()  # nothing lost
+    log = stack.logs(triton["Name"].lstrip("/"), tail=400)
+    # The signal reached tritonserver (PID 1 after the entrypoint's exec), which unloaded
+    # every model, its Python stubs with them, before it exited.
+    assert "successfully unloaded 'tokenize_encode'" in log and "Found 0 live models" in log
+
+
+def test_down_leaves_no_container_network_or_volume_of_the_project(stack):
+    stack.down()
+    label = f"label=com.docker.compose.project={PROJECT}"
+    for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"]):
+        left = subprocess.run(
+            [tools.docker(), *kind, "-q", "--filter", label],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert left == [], (kind, left)
