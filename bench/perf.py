@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from bench import gateway, text_cache
+from bench import container, gateway, text_cache
 from bench.harness import affinity, inputs, perf_analyzer, variants
 from bench.harness.plan import (
     MIXED_WINDOW_REQUESTS,
@@ -33,6 +33,7 @@ examples:
   python -m bench perf --only mixed       # the same three and the raw engine, mixed lengths
   python -m bench perf --only classify    # classify, traced step by step, and its raw pipeline
   python -m bench perf --only gateway     # the gateway's cost: nginx and OpenAI vs Triton
+  python -m bench perf --only container   # the CPU image's cost: host network, -p, make serve
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
@@ -57,11 +58,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--only",
-        choices=("embed-peers", "mixed", "classify", "gateway"),
+        choices=("embed-peers", "mixed", "classify", "gateway", "container"),
         help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32; "
         "mixed: only their mixed-length rows (c=8/32) and the raw engine's; "
         "classify: only the image service, traced step by step, and its raw pipeline; "
-        "gateway: only the gateway's cost (python -m bench.gateway)",
+        "gateway: only the gateway's cost (python -m bench.gateway); "
+        "container: only the CPU image's cost (python -m bench.container)",
     )
     p.add_argument(
         "--infinity-venv",
@@ -154,8 +156,9 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run (or rebuild) the benchmark and print where the report is."""
-    if args.only == "gateway":
-        return gateway.main(["--rounds", str(args.rounds)] if args.rounds else [])
+    if args.only in ("gateway", "container"):
+        alone = {"gateway": gateway.main, "container": container.main}[args.only]
+        return alone(["--rounds", str(args.rounds)] if args.rounds else [])
     if args.report_only:
         out = args.report_only
     else:
