@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
+    if args.command == "down" and not tools.engine_answers():
+        print("no Docker daemon answers: no stack to take down", file=sys.stderr)
+        return 0
     started = tools.start_engine()
     print(started.stdout + started.stderr, end="", file=sys.stderr)
     if started.returncode != 0:

@@ -77,6 +77,11 @@ def compose() -> list[str]:
     raise FileNotFoundError("no Compose: apt-get install docker-compose, or Compose v2")
 
 
+def engine_answers() -> bool:
+    """Whether a Docker daemon answers the docker client now (nothing is started)."""
+    return _answers([docker(), "version", "--format", "{{.Server.Version}}"])
+
+
 def start_engine() -> subprocess.CompletedProcess:
     """docker/engine.sh start: a daemon that answers, started here if need be (see the script)."""
     return subprocess.run(
