@@ -70,12 +70,14 @@ class Stack:
     project: str = PROJECT
     files: tuple[Path, ...] = COMPOSE_FILES
     profiles: list[str] = field(default_factory=list)
+    compose_command: list[str] | None = None  # default: tools.compose()
 
     def command(self, *args: str) -> list[str]:
         """Compose's command line for this project."""
         files = [arg for path in self.files for arg in ("-f", str(path))]
         profiles = [arg for name in self.profiles for arg in ("--profile", name)]
-        return [*tools.compose(), "-p", self.project, *files, *profiles, *args]
+        compose = self.compose_command or tools.compose()
+        return [*compose, "-p", self.project, *files, *profiles, *args]
 
     def environment(self) -> dict[str, str]:
         """What Compose interpolates: this process's environment and the stack's variables."""

