@@ -434,7 +434,7 @@ def test_a_frozen_or_cut_off_redis_costs_no_request_and_the_breaker_recovers(sta
     assert max(load.seconds) < 5, sorted(load.seconds)[-5:]
 
 
-def test_docker_stop_drains_tritonserver_and_exits_zero_within_15_s(stack, server):
+def test_docker_stop_drains_tritonserver_and_exits_zero_before_sigkill(stack, server):
     reference = references(server, fresh_texts(8, "stop"))
     triton = stack.container("triton")
     with Load(gateway_http(stack), tenant_key(stack, "team-b"), reference) as load:
@@ -451,7 +451,10 @@ def test_docker_stop_drains_tritonserver_and_exits_zero_within_15_s(stack, serve
     state = stack.container("triton")["State"]
     print(f"docker stop: {took:.1f} s, exit {state['ExitCode']}; outcomes {dict(load.counts())}")
     assert state["Status"] == "exited" and state["ExitCode"] == 0 and not state["OOMKilled"]
-    assert took < 15
+    # Before SIGKILL (stop_grace_period, 30 s), with room: a stop takes about 3 s or about 13 s,
+    # whatever the load (docs/processes.md#what-a-stop-guarantees); the gateway's pooled
+    # connections once held every stop to the 30 s and exit 137.
+    assert took < 25
     assert set(load.counts()) <= {"ok", "json 503"}, load.counts()  # nothing lost
     log = stack.logs(triton["Name"].lstrip("/"), tail=400)
     # The signal reached tritonserver (PID 1 after the entrypoint's exec), which unloaded
@@ -459,7 +462,12 @@ def test_docker_stop_drains_tritonserver_and_exits_zero_within_15_s(stack, serve
     assert "successfully unloaded 'tokenize_encode'" in log and "Found 0 live models" in log
 
 
-def test_down_leaves_no_container_network_or_volume_of_the_project(stack):
+def test_every_service_stops_on_its_signal_and_down_leaves_nothing_of_the_project(stack):
+    # Each main process ends on SIGTERM within the timeout, none is SIGKILLed (137): a PID 1
+    # that ignores SIGTERM (Python without a handler of its own) would be.
+    stack.compose("stop", "--timeout", "20", timeout=240)
+    killed = {stack.service_of(c): c["State"]["ExitCode"] for c in stack.containers()}
+    assert 137 not in killed.values(), killed
     stack.down()
     label = f"label=com.docker.compose.project={PROJECT}"
     for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"]):
