@@ -26,7 +26,7 @@ from server.launcher import REPO_ROOT
 
 log = logging.getLogger(__name__)
 
-DOCKER = REPO_ROOT / "docker"
+DOCKER = tools.DOCKER
 DOCKERFILE = DOCKER / "Dockerfile"
 SERVICES_DOCKERFILE = DOCKER / "debian.Dockerfile"
 COMPOSE_FILE = DOCKER / "docker-compose.yml"

@@ -25,7 +25,7 @@ from server.launcher import REPO_ROOT
 
 log = logging.getLogger(__name__)
 
-DOCKER = REPO_ROOT / "docker"
+DOCKER = tools.DOCKER
 COMPOSE_FILES = (DOCKER / "docker-compose.yml", DOCKER / "docker-compose.cpu.yml")
 PROJECT = "triton-model-repository"
 STATE = REPO_ROOT / ".containers"

@@ -16,7 +16,8 @@ import subprocess
 
 from server.launcher import REPO_ROOT
 
-ENGINE_SCRIPT = REPO_ROOT / "docker" / "engine.sh"
+DOCKER = REPO_ROOT / "docker"  # the deployment files: Dockerfiles, compose, engine.sh
+ENGINE_SCRIPT = DOCKER / "engine.sh"
 # Debian's docker.io client, which still builds with BuildKit without the buildx plugin.
 DEBIAN_DOCKER = "/usr/bin/docker"
 
