@@ -427,6 +427,11 @@ class Server(ManagedProcess):
         # would reload every step (docs/triton-2.51.md), and unloading several Python
         # instances at once is where 2.51 has been seen to abort.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        # onnxruntime 1.32 uploads usage telemetry from a thread of every process that opens a
+        # session, and its exit waits on that upload: where DNS goes unanswered (a container
+        # with no route out) each stub's exit took 7 s, a stop 10-15 s
+        # (docs/processes.md#what-a-stop-guarantees). A server does not phone home unasked.
+        env.setdefault("ORT_DISABLE_TELEMETRY", "1")
         env.pop(redis.URL_ENV, None)
         if self.config.text_cache_url:
             env[redis.URL_ENV] = self.config.text_cache_url

@@ -451,10 +451,10 @@ def test_docker_stop_drains_tritonserver_and_exits_zero_before_sigkill(stack, se
     state = stack.container("triton")["State"]
     print(f"docker stop: {took:.1f} s, exit {state['ExitCode']}; outcomes {dict(load.counts())}")
     assert state["Status"] == "exited" and state["ExitCode"] == 0 and not state["OOMKilled"]
-    # Before SIGKILL (stop_grace_period, 30 s), with room: a stop takes about 3 s or about 13 s,
-    # whatever the load (docs/processes.md#what-a-stop-guarantees); the gateway's pooled
-    # connections once held every stop to the 30 s and exit 137.
-    assert took < 25
+    # Within 15 s, well before SIGKILL (stop_grace_period, 30 s); about 5 s were measured under
+    # this load (docs/processes.md#what-a-stop-guarantees). The gateway's pooled connections
+    # once held every stop to the 30 s and exit 137; onnxruntime's telemetry upload, to 10-15 s.
+    assert took < 15
     assert set(load.counts()) <= {"ok", "json 503"}, load.counts()  # nothing lost
     log = stack.logs(triton["Name"].lstrip("/"), tail=400)
     # The signal reached tritonserver (PID 1 after the entrypoint's exec), which unloaded

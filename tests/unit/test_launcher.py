@@ -236,3 +236,11 @@ def test_tritons_own_redis_cache_replaces_the_local_one():
     for bad in ("rediss://cache:6380", "redis://:a,b@cache:6380", "http://cache"):
         with pytest.raises(ValueError, match="redis_cache"):
             launcher.redis_cache_args(bad)
+
+
+def test_onnxruntime_telemetry_is_off_unless_the_operator_turns_it_on(monkeypatch):
+    # Its upload held every stub's exit for 7 s where DNS goes unanswered (docs/processes.md).
+    monkeypatch.delenv("ORT_DISABLE_TELEMETRY", raising=False)
+    assert Server().environment()["ORT_DISABLE_TELEMETRY"] == "1"
+    monkeypatch.setenv("ORT_DISABLE_TELEMETRY", "0")
+    assert Server().environment()["ORT_DISABLE_TELEMETRY"] == "0"
