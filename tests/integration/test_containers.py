@@ -65,7 +65,9 @@ def engine():
     if started.returncode != 0:
         pytest.skip(f"no container engine could start: {started.stderr.strip()}")
     yield
-    tools.stop_engine()  # only a dockerd that start_engine started
+    # Only a dockerd this run started: one the user started (make engine) keeps running.
+    if "started dockerd" in started.stdout:
+        tools.stop_engine()
 
 
 @pytest.fixture(scope="module")
