@@ -1,10 +1,13 @@
 """Prometheus counters of nginx's traffic shaping, read from its shaping log.
 
 nginx (rendered with ``--limits``, see ``gateway/nginx.py``) writes one JSON line per inference
-request it shapes: tenant, model, protocol and ``$limit_req_status`` (``PASSED`` or
-``REJECTED``). Open-source nginx keeps no counters of its own for ``limit_req``, so this
-exporter follows that file and serves ``gateway_requests_total`` on ``/metrics``
-(``gateway="nginx"``; name and labels in ``gateway.shaping``).
+request it shapes: tenant, model, protocol, ``$limit_req_status`` (``PASSED`` or
+``REJECTED``) and the request's times. Open-source nginx keeps no counters of its own for
+``limit_req`` and no latency histograms, so this exporter follows that file and serves, on
+``/metrics`` (``gateway="nginx"``; names, labels and buckets in ``gateway.shaping``):
+``gateway_requests_total`` by outcome, and for admitted requests the histograms
+``gateway_request_duration_seconds`` and ``gateway_upstream_duration_seconds`` by tenant and
+model (what a tenant's own latency and the latency objectives are read from).
 
     python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145
 
@@ -27,13 +30,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from gateway import shaping
 from gateway.nginx import SERVED
 from pipelines import embedding as espec
 
-__all__ = ["ShapingLogExporter", "count_line"]
+__all__ = ["ShapingLogExporter", "ShapingMetrics", "count_line"]
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +75,60 @@ def _first_data(fd: int, size: int) -> int:
         return size if exc.errno == errno.ENXIO else 0
 
 
-def make_counter(registry: CollectorRegistry) -> Counter:
-    """The shaping counter on ``registry`` (``gateway_requests_total``)."""
-    return Counter(shaping.METRIC, shaping.METRIC_HELP, shaping.LABELS, registry=registry)
+class ShapingMetrics:
+    """The exporter's series on ``registry``: the shaping counter and the two histograms."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter(
+            shaping.METRIC, shaping.METRIC_HELP, shaping.LABELS, registry=registry
+        )
+        self.duration, self.upstream = (
+            Histogram(
+                name,
+                text,
+                shaping.DURATION_LABELS,
+                registry=registry,
+                buckets=shaping.DURATION_BUCKETS,
+            )
+            for name, text in (
+                (shaping.DURATION_METRIC, shaping.DURATION_HELP),
+                (shaping.UPSTREAM_METRIC, shaping.UPSTREAM_HELP),
+            )
+        )
 
 
-def count_line(counter: Counter, line: str) -> bool:
-    """Count one line of the shaping log; False (and nothing counted) if it is not one."""
+def seconds(value: str) -> float | None:
+    """One of nginx's time variables in seconds, None where no server was reached.
+
+    "0.004" is 0.004; "0.002, 0.003" (a second server tried) is their sum; "" or "-" is None.
+    """
+    parts = [p.strip() for p in value.split(",")]
+    if not any(p and p != "-" for p in parts):
+        return None
+    return sum(float(p) for p in parts if p and p != "-")
+
+
+def count_line(metrics: ShapingMetrics, line: str) -> bool:
+    """Count one line of the shaping log; False (and nothing counted) if it is not one.
+
+    Lines of gateways rendered before the times were logged count without them.
+    """
     try:
         entry = json.loads(line)
         outcome = OUTCOMES[entry["limit"]]
         model = entry["model"] if entry["model"] in MODELS else OTHER
         labels = (GATEWAY, entry["tenant"], model, entry["protocol"], outcome)
-    except (ValueError, KeyError, TypeError):
+        took = seconds(entry.get("request_time", ""))
+        upstream = seconds(entry.get("upstream_time", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return False
-    counter.labels(*labels).inc()
+    metrics.requests.labels(*labels).inc()
+    if outcome == shaping.ADMITTED:
+        # Refusals take no time worth a latency objective: they are counted, not timed.
+        if took is not None:
+            metrics.duration.labels(*labels[:3]).observe(took)
+        if upstream is not None:
+            metrics.upstream.labels(*labels[:3]).observe(upstream)
     return True
 
 
@@ -95,7 +137,7 @@ class ShapingLogExporter:
 
     Args:
         path: the log file (it may not exist yet).
-        registry: where the counter lives (a new one by default).
+        registry: where the series live (a new one by default).
         interval: seconds between looks at the file.
         from_start: count what the file already holds (else only lines written later).
         release_bytes: once this many counted bytes are on disk, free them (``release``);
@@ -114,7 +156,7 @@ class ShapingLogExporter:
         self._released = 0
         self.path = Path(path)
         self.registry = registry or CollectorRegistry()
-        self.counter = make_counter(self.registry)
+        self.metrics = ShapingMetrics(self.registry)
         self.interval = interval
         self.skipped = 0  # lines that were not shaping entries
         self._offset: int | None = None if from_start else self._size()
@@ -155,7 +197,7 @@ class ShapingLogExporter:
         *lines, self._partial = data.split(b"\n")
         counted = 0
         for line in lines:
-            if count_line(self.counter, line.decode("utf-8", "replace")):
+            if count_line(self.metrics, line.decode("utf-8", "replace")):
                 counted += 1
             elif line.strip():
                 self.skipped += 1
@@ -205,7 +247,7 @@ class ShapingLogExporter:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gateway.metrics``: serve the shaping counters until interrupted."""
+    """``python -m gateway.metrics``: serve the shaping counts and times until interrupted."""
     parser = argparse.ArgumentParser(
         prog="python -m gateway.metrics",
         description="Serve nginx's traffic-shaping counts (its shaping log) to Prometheus.",

@@ -260,7 +260,10 @@ def shaping(
         "    limit_req_log_level info;",
         '    log_format shaping escape=json \'{"msec":"$msec","tenant":"$tenant",\'',
         '        \'"model":"$triton_model","protocol":"$shaping_protocol",\'',
-        '        \'"limit":"$limit_req_status","status":"$status"}\';',
+        '        \'"limit":"$limit_req_status","status":"$status",\'',
+        # Seconds with millisecond resolution; upstream: "" when refused before it, and
+        # "a, b" when nginx tried a second server (gateway.metrics adds them up).
+        '        \'"request_time":"$request_time","upstream_time":"$upstream_response_time"}\';',
         "",
     ]
     buckets = [

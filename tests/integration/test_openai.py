@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from client.embed import EmbedClient
 from gateway import shaping
-from gateway.metrics import count_line, make_counter
+from gateway.metrics import ShapingMetrics, count_line
 from gateway.nginx import Nginx, OpenAI
 from pipelines import embedding as spec
 from server import Server, ServerConfig
@@ -257,9 +257,9 @@ def test_a_call_of_many_texts_takes_one_token(gateway):
 def openai_counts(gateway) -> Counter:
     """(tenant, model, outcome) → OpenAI calls counted from the gateway's whole shaping log."""
     registry = CollectorRegistry()
-    counter = make_counter(registry)
+    metrics = ShapingMetrics(registry)
     for line in gateway.shaping_log.read_text().splitlines():
-        count_line(counter, line)
+        count_line(metrics, line)
     counts = Counter()
     for family in registry.collect():
         for sample in family.samples:

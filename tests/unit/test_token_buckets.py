@@ -127,6 +127,48 @@ def test_the_exporter_counts_each_line_once_across_partial_writes(tmp_path):
     assert b"gateway_requests_total" in generate_latest(exporter.registry)
 
 
+def test_the_exporter_times_admitted_requests_by_tenant_and_model(tmp_path):
+    log = tmp_path / "shaping.log"
+    timed = [
+        {"limit": "PASSED", "request_time": "0.030", "upstream_time": "0.020"},
+        # nginx tried a second server: upstream is both tries together.
+        {"limit": "PASSED", "request_time": "0.300", "upstream_time": "0.100, 0.200"},
+        # Refused before any server: counted, never timed.
+        {"limit": "REJECTED", "request_time": "0.000", "upstream_time": ""},
+    ]
+    log.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "msec": "1.0",
+                    "tenant": "a",
+                    "model": "embed",
+                    "protocol": "http",
+                    "status": "200",
+                    **t,
+                }
+            )
+            + "\n"
+            for t in timed
+        )
+        + line("a", "PASSED")  # a line from before the times were logged
+    )
+    exporter = ShapingLogExporter(log)
+    assert exporter.poll() == 4
+    labels = {"gateway": "nginx", "tenant": "a", "model": "embed"}
+
+    def sample(name: str, suffix: str, **extra) -> float:
+        return exporter.registry.get_sample_value(f"{name}{suffix}", {**labels, **extra})
+
+    assert count(exporter, "a", "admitted") == 3 and count(exporter, "a", "refused") == 1
+    assert sample(shaping.DURATION_METRIC, "_count") == 2
+    assert sample(shaping.DURATION_METRIC, "_sum") == pytest.approx(0.33)
+    assert sample(shaping.DURATION_METRIC, "_bucket", le="0.05") == 1
+    assert sample(shaping.DURATION_METRIC, "_bucket", le="0.5") == 2
+    assert sample(shaping.UPSTREAM_METRIC, "_sum") == pytest.approx(0.32)
+    assert sample(shaping.UPSTREAM_METRIC, "_bucket", le="0.25") == 1
+
+
 def test_the_exporter_follows_a_rotated_and_a_truncated_log(tmp_path):
     log = tmp_path / "shaping.log"
     log.write_text(line("a", "PASSED") * 3)
