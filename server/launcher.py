@@ -292,6 +292,11 @@ class ServerConfig:
     # model only to call auto_complete_config (python_be.cc, ModelState::Create): a start of
     # every model took 3x as long (docs/processes.md#start-up-time).
     auto_complete_config: bool = False
+    # Latency quantiles per model from the server itself (nv_inference_request_summary_us and
+    # the queue and compute summaries; p50, p90 and p99 over Triton's sliding window): the
+    # dashboards' per-model p99. What they cost: docs/performance.md#latency-summaries-2026-12-04.
+    summary_latencies: bool = True
+    summary_quantiles: str = "0.5:0.05,0.9:0.01,0.99:0.001"  # quantile:allowed error
 
 
 class Server(ManagedProcess):
@@ -391,6 +396,11 @@ class Server(ManagedProcess):
             args.append(f"--cache-config=local,size={c.cache_bytes}")
         if c.model_config_name:
             args.append(f"--model-config-name={c.model_config_name}")
+        if c.summary_latencies:
+            args += [
+                "--metrics-config=summary_latencies=true",
+                f"--metrics-config=summary_quantiles={c.summary_quantiles}",
+            ]
         if not c.auto_complete_config:
             args.append("--disable-auto-complete-config")
         if c.restricted_apis:

@@ -244,3 +244,12 @@ def test_onnxruntime_telemetry_is_off_unless_the_operator_turns_it_on(monkeypatc
     assert Server().environment()["ORT_DISABLE_TELEMETRY"] == "1"
     monkeypatch.setenv("ORT_DISABLE_TELEMETRY", "0")
     assert Server().environment()["ORT_DISABLE_TELEMETRY"] == "0"
+
+
+def test_latency_summaries_are_on_unless_turned_off():
+    # make serve, the container entrypoint, compose and Kubernetes all run this command line.
+    on = Server(ServerConfig()).command()
+    assert "--metrics-config=summary_latencies=true" in on
+    assert "--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01,0.99:0.001" in on
+    off = Server(ServerConfig(summary_latencies=False)).command()
+    assert not any(arg.startswith("--metrics-config=summary") for arg in off)
