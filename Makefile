@@ -87,21 +87,24 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 # Debian packages the tests drive for real: promtool/prometheus check the Prometheus config and
-# evaluate the dashboard's queries; nginx is the load balancer in front of several servers, and
+# evaluate the dashboard's queries and alerts, prometheus-alertmanager (amtool) routes them;
+# nginx is the load balancer in front of several servers, and
 # its njs module serves OpenAI's embeddings API (gateway/openai.js); redis-server is embed's
 # shared per-text cache (server/redis.py).
 # docker.io, docker-compose, runc and mmdebstrap: the container engine, Compose 1.29 and the
 # Debian root file systems the container tests build their images from (containers/).
 NJS_MODULE := /usr/lib/nginx/modules/ngx_http_js_module.so
 tools:
-	@command -v promtool >/dev/null && command -v nginx >/dev/null && test -f $(NJS_MODULE) \
+	@command -v promtool >/dev/null && command -v amtool >/dev/null \
+		&& command -v nginx >/dev/null && test -f $(NJS_MODULE) \
 		&& command -v redis-server >/dev/null && command -v dockerd >/dev/null \
 		&& command -v docker-compose >/dev/null && command -v mmdebstrap >/dev/null || { \
-		echo "installing Debian's prometheus, nginx, its njs module, redis-server, docker.io," \
+		echo "installing Debian's prometheus, prometheus-alertmanager, nginx, its njs module," \
+			"redis-server, docker.io," \
 			"docker-compose and mmdebstrap"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus nginx libnginx-mod-http-js redis-server \
+			prometheus prometheus-alertmanager nginx libnginx-mod-http-js redis-server \
 			docker.io docker-compose runc mmdebstrap; }
 
 test: lint models tools

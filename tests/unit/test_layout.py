@@ -42,6 +42,8 @@ def test_the_repository_keeps_its_import_contracts():
         ("model_config", "export"),  # the overlay library serves the export, not the reverse
         ("gateway", "containers"),  # the stack runs the gateway; the gateway knows no container
         ("server", "containers"),
+        ("gateway", "monitoring"),  # the rules read the gateway's metric names, not the reverse
+        ("containers", "monitoring"),  # two rooms side by side: neither needs the other
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(tmp_path, package, imported):

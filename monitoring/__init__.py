@@ -1,0 +1,1 @@
+"""Monitoring as code: the service-level objectives and the Prometheus rules made from them."""

@@ -1,0 +1,43 @@
+"""``python -m monitoring rules``: write the SLO rule file from the SLO file (``monitoring.slo``).
+
+python -m monitoring rules                    # docker/prometheus/slo-rules.yml
+python -m monitoring rules --check            # exit 1 if the committed file is stale
+python -m monitoring rules --scale 60 --out /tmp/rules.yml   # windows ÷ 60, for a test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from monitoring import slo
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render, write or check the rule file; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m monitoring",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    rules = commands.add_parser("rules", help="the SLO recording rules and burn-rate alerts")
+    rules.add_argument("--slos", type=Path, default=slo.SLOS, help="default: %(default)s")
+    rules.add_argument("--out", type=Path, default=slo.RULES, help="default: %(default)s")
+    rules.add_argument("--scale", type=float, default=1, help="divide every window by this")
+    rules.add_argument("--check", action="store_true", help="compare with --out, write nothing")
+    args = parser.parse_args(argv)
+    text = slo.dump(slo.render(slo.load(args.slos), args.scale))
+    if args.check:
+        if not args.out.exists() or args.out.read_text() != text:
+            print(f"{args.out} is not what {args.slos} makes: run python -m monitoring rules")
+            return 1
+        return 0
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
