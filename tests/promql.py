@@ -129,11 +129,19 @@ def dashboard_queries(dashboard: dict) -> list[Query]:
     return queries
 
 
+_CONSTANT = re.compile(r"^\s*vector\(\s*[-+0-9.eE]+\s*\)\s*$")
+
+
 def rule_queries(rules: dict) -> list[Query]:
-    """Every expression of a Prometheus rule file (alerting and recording rules)."""
+    """Every expression of a Prometheus rule file (alerting and recording rules).
+
+    Recorded constants (``vector(0.999)``, an objective) select no metric and are left out.
+    """
     queries = []
     for group in rules.get("groups", []):
         for rule in group.get("rules", []):
+            if _CONSTANT.match(rule["expr"]):
+                continue
             name = rule.get("alert") or rule.get("record")
             queries.append(Query(f"rule {name!r} of group {group.get('name')!r}", rule["expr"]))
     return queries

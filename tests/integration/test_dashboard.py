@@ -1,8 +1,8 @@
 """The Grafana dashboard and the alert rules against a real tritonserver's /metrics.
 
-Every metric a panel, a dashboard variable or an alert names must be one that our running server
-or the gateway's shaping exporter (``gateway/metrics.py``) exports; a real Prometheus then
-scrapes both and evaluates every dashboard query.
+Every metric a panel, a dashboard variable or a rule names must be one that our running server
+or the gateway's shaping exporter (``gateway/metrics.py``) exports, or one the SLO rules record;
+a real Prometheus then scrapes both, evaluates the alert and SLO rules, and every dashboard query.
 
 GPU metrics cannot come from this machine's server (no GPU): they are checked against a GPU
 server's page when there is one (the live server if it exports ``nv_gpu_*``, else
@@ -13,8 +13,8 @@ registers in its source (``TRITON_GPU_METRICS``), and the test says which one it
 from __future__ import annotations
 
 import json
+import math
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -29,15 +29,17 @@ from prometheus_client import generate_latest, start_http_server
 import model_config
 from client.embed import EmbedClient
 from gateway.metrics import ShapingLogExporter
+from monitoring import slo
 from server.launcher import MODEL_REPOSITORY, free_port
 from tests import promql
-from tests.helpers import prometheus_tool
+from tests.alerting import Prometheus
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "docker" / "grafana" / "dashboards" / "triton.json"
 ALERTS = REPO / "docker" / "prometheus" / "alerts.yml"
+RULE_FILES = (ALERTS, slo.RULES)
 GPU_METRICS_PAGE = REPO / "docs" / "gpu" / "metrics.txt"
 
 # The GPU metric families Triton 2.51 registers when built with TRITON_ENABLE_METRICS_GPU
@@ -64,7 +66,20 @@ def is_gpu_metric(name: str) -> bool:
 
 def all_queries() -> list[promql.Query]:
     queries = promql.dashboard_queries(json.loads(DASHBOARD.read_text()))
-    return queries + promql.rule_queries(yaml.safe_load(ALERTS.read_text()))
+    for path in RULE_FILES:
+        queries += promql.rule_queries(yaml.safe_load(path.read_text()))
+    return queries
+
+
+def recorded_names() -> set[str]:
+    """The series the rule files record (``slo:...``): no page exports them, Prometheus does."""
+    return {
+        rule["record"]
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
 
 
 def send_traffic(server, repeats: int = 3) -> None:
@@ -84,7 +99,10 @@ def metrics_page(server) -> str:
 def gateway_exporter(tmp_path_factory):
     """The shaping exporter over a log of admitted and refused requests, serving /metrics."""
     shaping_log = tmp_path_factory.mktemp("gateway") / "shaping.log"
-    entry = '{{"tenant":"team-a","model":"embed","protocol":"http","limit":"{}","status":"200"}}\n'
+    entry = (
+        '{{"tenant":"team-a","model":"embed","protocol":"http","limit":"{}","status":"200",'
+        '"request_time":"0.012","upstream_time":"0.010"}}\n'
+    )
     shaping_log.write_text(entry.format("PASSED") * 3 + entry.format("REJECTED"))
     exporter = ShapingLogExporter(shaping_log, interval=0.1)
     port = free_port()
@@ -109,8 +127,32 @@ def test_server_page_has_the_per_model_and_cache_families(exported):
     assert {"nv_inference_count", "nv_cache_num_hits_per_model"} <= exported
 
 
+def test_the_server_reports_p50_p90_p99_per_model_for_request_queue_and_compute(server):
+    """Latency quantiles from the server itself (ServerConfig.summary_latencies), per model."""
+    send_traffic(server)
+    page = metrics_page(server)
+    # 2.51 keeps no request summary for a model with the response cache on (embed): its queue
+    # and compute summaries, and its steps' request summaries, are there (docs/triton-2.51.md).
+    wanted = {(kind, m) for kind in ("queue", "compute_infer") for m in ("embed", "classify")}
+    wanted |= {(kind, m) for kind in ("request", "queue") for m in embed_steps(server)}
+    found: dict[tuple[str, str], dict[str, dict[str, float]]] = {}  # (kind, model) → version → q
+    for kind in ("request", "queue", "compute_infer"):
+        for labels, value in samples(page, f"nv_inference_{kind}_summary_us"):
+            versions = found.setdefault((kind, labels["model"]), {})
+            versions.setdefault(labels["version"], {})[labels["quantile"]] = value
+    for kind, model in sorted(wanted):
+        versions = found.get((kind, model), {})
+        assert versions and all(set(q) == {"0.5", "0.9", "0.99"} for q in versions.values())
+        if model == "classify":
+            continue  # no traffic here: the series exist, with no value yet (NaN)
+        # The version that served (a model's other versions have no observation: NaN).
+        (quantiles,) = [q for q in versions.values() if not math.isnan(q["0.5"])]
+        if kind != "queue":  # a request may wait no measurable time in a queue
+            assert 0 < quantiles["0.5"] <= quantiles["0.9"] <= quantiles["0.99"], (kind, model)
+
+
 def test_every_non_gpu_metric_of_the_dashboard_and_alerts_is_exported(exported):
-    known = exported | promql.PROMETHEUS_SCRAPE_SERIES
+    known = exported | promql.PROMETHEUS_SCRAPE_SERIES | recorded_names()
     unknown = {
         where: {n for n in names if not is_gpu_metric(n)}
         for where, names in promql.unknown_metrics(all_queries(), known).items()
@@ -157,11 +199,14 @@ def api(base: str, path: str, **params) -> dict:
 
 @pytest.fixture(scope="module")
 def prometheus(server, gateway_exporter, tmp_path_factory):
-    """A Prometheus scraping the test server and the gateway exporter every second."""
-    work = tmp_path_factory.mktemp("prometheus")
+    """A Prometheus scraping the test server and the gateway exporter every second, with the
+    repository's alert and SLO rules evaluated every second."""
     target = urllib.parse.urlsplit(server.metrics_url)
     config = {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s"},
+        "global": {
+            "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+            "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",
+        },
         "scrape_configs": [
             {
                 "job_name": "triton",
@@ -171,31 +216,12 @@ def prometheus(server, gateway_exporter, tmp_path_factory):
             {"job_name": "gateway", "static_configs": [{"targets": [gateway_exporter[1]]}]},
         ],
     }
-    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (work / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [
-            prometheus_tool("prometheus"),
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    rules = {path.name: path.read_text() for path in RULE_FILES}
+    with Prometheus(tmp_path_factory.mktemp("prometheus"), config, rules) as process:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                result = api(base, "/api/v1/query", query='up{job="triton"} == 1')
-                if result["data"]["result"]:
-                    break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Prometheus did not scrape the server: {(work / 'prometheus.log')}")
+        while not process.query('up{job="triton"} == 1'):
+            if time.monotonic() > deadline:
+                pytest.fail(f"Prometheus did not scrape the server:\n{process.log_tail()}")
             time.sleep(0.5)
         # Traffic spread over several scrapes, so rates and ratios have two samples to work on.
         _, _, shaping_log, entry = gateway_exporter
@@ -204,15 +230,7 @@ def prometheus(server, gateway_exporter, tmp_path_factory):
             with shaping_log.open("a") as f:
                 f.write(entry.format("PASSED") + entry.format("REJECTED") * (i % 2))
             time.sleep(SCRAPE_INTERVAL_S)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        yield process.base
 
 
 def as_prometheus_query(expr: str) -> str:
