@@ -23,19 +23,15 @@ import argparse
 import contextlib
 import logging
 import secrets
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
-from bench.harness import affinity, inputs, variants
-from bench.harness import perf_analyzer as pa
+from bench.harness import affinity, compare, variants
 from containers import images, tools
 from pipelines import classification as cspec
 from pipelines import embedding as espec
@@ -139,40 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     images.build_all(args.source)
     server_cpus, load_cpus = affinity.split()
     log.info("servers on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
-    points: dict[tuple[str, str, int], list[pa.Point]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        data = {model: inputs.write(model, Path(tmp)) for model in MODELS}
-        for r in range(args.rounds):
-            order = SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]
-            for name in order:
-                with system(name, server_cpus) as (_, grpc_url):
-                    for model in MODELS:
-                        run = pa.Run(
-                            model,
-                            grpc_url,
-                            input_data=data[model],
-                            measurement_ms=args.measurement_ms,
-                            cpus=load_cpus,
-                        )
-                        for level in levels:
-                            point = pa.measure(run, level)
-                            points.setdefault((name, model, level), []).append(point)
-                            log.info(
-                                "round %d %-5s %-8s c=%-3d %7.1f /s  p99 %6.1f ms",
-                                r + 1, name, model, level, point.throughput, point.p99_ms,
-                            )  # fmt: skip
-    print("\nsystem  model     c     rate /s (rounds)      p99 ms (rounds)       ÷ serve")
-    for model in MODELS:
-        for level in levels:
-            base = statistics.median(p.throughput for p in points[("serve", model, level)])
-            for name in SYSTEMS:
-                got = points[(name, model, level)]
-                rate = statistics.median(p.throughput for p in got)
-                rates = ", ".join(f"{p.throughput:.1f}" for p in got)
-                p99s = ", ".join(f"{p.p99_ms:.1f}" for p in got)
-                print(
-                    f"{name:7s} {model:9s} {level:<5d} {rates:21s} {p99s:21s} {rate / base:5.2f}x"
-                )
+
+    def grpc_of(name: str) -> compare.System:
+        @contextlib.contextmanager
+        def run():
+            with system(name, server_cpus) as (_, grpc_url):
+                yield grpc_url
+
+        return run
+
+    systems = {name: grpc_of(name) for name in SYSTEMS}
+    points = compare.interleaved(
+        systems, MODELS, levels, args.rounds, args.measurement_ms, load_cpus
+    )
+    print()
+    print(compare.table(points, SYSTEMS, MODELS, levels))
     return 0
 
 

@@ -1,0 +1,79 @@
+"""Side by side: the same perf_analyzer load on several servers, rounds interleaved.
+
+Each round starts every system in turn (the first one rotating), measures each model at each
+concurrency, and stops it; a busy machine then slows each system alike. The table gives each
+system's rate and p99 per round and its median rate over the first system's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from bench.harness import inputs
+from bench.harness import perf_analyzer as pa
+
+log = logging.getLogger(__name__)
+
+# A system: a context manager that runs one server and yields its gRPC host:port.
+System = Callable[[], contextlib.AbstractContextManager[str]]
+Points = dict[tuple[str, str, int], list[pa.Point]]
+
+
+def interleaved(
+    systems: Mapping[str, System],
+    models: Sequence[str],
+    levels: Sequence[int],
+    rounds: int,
+    measurement_ms: int,
+    load_cpus: list[int] | None,
+) -> Points:
+    """``(system, model, level) → [point of each round]`` (perf_analyzer on ``load_cpus``)."""
+    names = list(systems)
+    points: Points = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = {model: inputs.write(model, Path(tmp)) for model in models}
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                with systems[name]() as grpc_url:
+                    for model in models:
+                        run = pa.Run(
+                            model,
+                            grpc_url,
+                            input_data=data[model],
+                            measurement_ms=measurement_ms,
+                            cpus=load_cpus,
+                        )
+                        for level in levels:
+                            point = pa.measure(run, level)
+                            points.setdefault((name, model, level), []).append(point)
+                            log.info(
+                                "round %d %-8s %-8s c=%-3d %7.1f /s  p99 %6.1f ms",
+                                r + 1, name, model, level, point.throughput, point.p99_ms,
+                            )  # fmt: skip
+    return points
+
+
+def table(points: Points, systems: Sequence[str], models: Sequence[str], levels: Sequence[int]):
+    """The markdown table: rate and p99 of each round, median rate ÷ the first system's."""
+    base_name = systems[0]
+    lines = [
+        f"| system | model | c | rate /s (rounds) | p99 ms (rounds) | ÷ {base_name} (medians) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model in models:
+        for level in levels:
+            base = statistics.median(p.throughput for p in points[(base_name, model, level)])
+            for name in systems:
+                got = points[(name, model, level)]
+                rate = statistics.median(p.throughput for p in got)
+                rates = ", ".join(f"{p.throughput:.1f}" for p in got)
+                p99s = ", ".join(f"{p.p99_ms:.1f}" for p in got)
+                lines.append(
+                    f"| {name} | {model} | {level} | {rates} | {p99s} | {rate / base:.2f}x |"
+                )
+    return "\n".join(lines)

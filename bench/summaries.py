@@ -1,0 +1,80 @@
+"""What Triton's latency summaries cost: the same load with ``summary_latencies`` on and off.
+
+``python -m bench.summaries`` measures two servers of ``make serve``'s configs, one after the
+other and interleaved over rounds, each held to the same cores, perf_analyzer on the other core:
+
+* ``on``: as served (``ServerConfig.summary_latencies``: p50, p90 and p99 of every model's
+  request, queue and compute time);
+* ``off``: the same server without them.
+
+``embed`` (one text per request) and ``classify`` (one JPEG) over gRPC at saturation, with the
+response cache and embed's per-text cache off (perf_analyzer repeats its inputs). The table
+gives each one's rate and p99 per round and the median rate of ``off`` over ``on``::
+
+    .venv/bin/python -m bench.summaries --rounds 2 --levels 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import secrets
+import sys
+
+from bench import container
+from bench.harness import affinity, compare
+from server import Server, ServerConfig
+
+log = logging.getLogger(__name__)
+
+SYSTEMS = ("on", "off")
+
+
+def server(summaries: bool, cpus: list[int]) -> compare.System:
+    """A server with or without the summaries, every cache off, as ``bench.container`` runs it."""
+
+    @contextlib.contextmanager
+    def run():
+        key = secrets.token_urlsafe(24)
+        config = ServerConfig(
+            http_port=0,
+            grpc_port=0,
+            metrics_port=0,
+            cpus=cpus,
+            admin_key=key,
+            summary_latencies=summaries,
+            extra_args=[container.EXPLICIT],
+        )
+        with Server(config) as running:
+            container.load_computed_path(running.grpc_url, key)
+            yield running.grpc_url
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table of both servers and the ratios."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python -m bench.summaries --rounds 2 --levels 16",
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--levels", default="16", help="concurrencies (16: saturation here)")
+    parser.add_argument("--measurement-ms", type=int, default=4000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    levels = [int(x) for x in args.levels.split(",")]
+    server_cpus, load_cpus = affinity.split()
+    log.info("servers on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
+    systems = {"on": server(True, server_cpus), "off": server(False, server_cpus)}
+    points = compare.interleaved(
+        systems, container.MODELS, levels, args.rounds, args.measurement_ms, load_cpus
+    )
+    print()
+    print(compare.table(points, SYSTEMS, container.MODELS, levels))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
