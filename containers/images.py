@@ -1,11 +1,12 @@
 """The images of the CPU stack: this repository's CPU image and the Hub images beside it.
 
 Where a registry is reachable, the stack runs the images users pull: the CPU image is built on
-``python:3.11-slim-bookworm`` and nginx, redis and prometheus are the Hub images that
-docker/docker-compose.yml names. Where none is (``--from debian``, or ``auto`` when the base
-cannot be pulled), the same software comes from Debian 12's packages: ``mmdebstrap`` writes a
-root file system and ``docker import`` makes it an image, once per package list (the tag holds
-its hash), and docker/debian.Dockerfile shapes the service images like their Hub originals.
+``python:3.11-slim-bookworm`` and nginx, redis, prometheus and alertmanager are the Hub images
+that docker/docker-compose.yml names. Where none is (``--from debian``, or ``auto`` when the
+base cannot be pulled), the same software comes from Debian 12's packages: ``mmdebstrap`` writes
+a root file system and ``docker import`` makes it an image, once per package list (the tag
+holds its hash), and docker/debian.Dockerfile shapes the service images like their Hub
+originals.
 
 Returns the compose variables that name the chosen images (``TRITON_IMAGE``, ``NGINX_IMAGE``,
 ...), which ``containers.stack`` passes to Compose.
@@ -40,9 +41,10 @@ PYTHON_PACKAGES = ("python3", "python3-venv", "libpython3.11", "ca-certificates"
 # One root file system for the service stand-ins (docker/debian.Dockerfile): the same
 # software as the Hub images, and curl/wget, which their healthchecks call.
 SERVICE_PACKAGES = ("nginx", "libnginx-mod-http-js", "redis-server", "prometheus",
-                    "ca-certificates", "curl", "wget")  # fmt: skip
+                    "prometheus-alertmanager", "ca-certificates", "curl", "wget")  # fmt: skip
 # docker/debian.Dockerfile's stage of each compose image variable.
-SERVICE_STAGES = {"NGINX_IMAGE": "nginx", "REDIS_IMAGE": "redis", "PROMETHEUS_IMAGE": "prometheus"}
+SERVICE_STAGES = {"NGINX_IMAGE": "nginx", "REDIS_IMAGE": "redis", "PROMETHEUS_IMAGE": "prometheus",
+                  "ALERTMANAGER_IMAGE": "alertmanager"}  # fmt: skip
 LOCAL = "triton-model-repository"  # the repository of every image built here
 
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from monitoring import slo
+from monitoring import kubernetes, slo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,14 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--scale", type=float, default=1, help="divide every window by this")
     rules.add_argument("--check", action="store_true", help="compare with --out, write nothing")
     args = parser.parse_args(argv)
-    text = slo.dump(slo.render(slo.load(args.slos), args.scale))
+    outputs = {args.out: slo.dump(slo.render(slo.load(args.slos), args.scale))}
+    if args.out == slo.RULES and args.scale == 1:
+        # The ConfigMap copies the rule files as they are once slo-rules.yml is written.
+        files = {**kubernetes.rule_files(), slo.RULES.name: outputs[args.out]}
+        outputs[kubernetes.OUTPUT] = kubernetes.render(files)
     if args.check:
-        if not args.out.exists() or args.out.read_text() != text:
-            print(f"{args.out} is not what {args.slos} makes: run python -m monitoring rules")
-            return 1
-        return 0
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+        stale = [p for p, text in outputs.items() if not p.exists() or p.read_text() != text]
+        for path in stale:
+            print(f"{path} is not what {args.slos} makes: run python -m monitoring rules")
+        return int(bool(stale))
+    for path, text in outputs.items():
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

@@ -4,7 +4,7 @@ The images are built as ``make up`` builds them (containers.images: the Hub imag
 registry answers, else stand-ins from Debian's packages), on a Docker engine that
 docker/engine.sh finds or starts. Everything is reached the way a user reaches it: through the
 gateway's published ports, Prometheus on the host's loopback, and (for what a user never sees:
-one replica's metrics) a container's own address on the project's network.
+one replica's metrics, Alertmanager's API) a container's own address on the project's network.
 
 The faults are real: a crashed tritonserver (killed from the host, as the OOM killer would), a
 frozen Redis (``docker pause``), a Redis cut off its network, and ``docker stop``. Skipped, with
@@ -30,11 +30,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import yaml
 
 from client import classify as classify_client
 from client import embed as embed_client
 from containers import images, tools
 from containers.stack import Stack, state_environment
+from containers.tools import DOCKER
 from gateway import shaping
 from pipelines import classification as cspec
 from pipelines import embedding as espec
@@ -50,6 +52,8 @@ ATOL = 1e-5
 TRITON_PORTS = (8000, 8001, 8002)
 # The compose variables of the host ports the stack publishes.
 PUBLISHED = ("GATEWAY_HTTP_PORT", "GATEWAY_GRPC_PORT", "PROMETHEUS_PORT")
+PROMETHEUS_CONFIG = DOCKER / "prometheus" / "prometheus.yml"
+ALERTMANAGER_PORT = 9093
 
 
 # --- the stack ------------------------------------------------------------------------------
@@ -137,6 +141,7 @@ def test_every_service_of_the_stack_comes_up_healthy(stack):
         "gateway": "healthy",
         "gateway-metrics": "healthy",
         "prometheus": "healthy",
+        "alertmanager": "healthy",
     }
     print(f"stack healthy {stack.up_seconds:.1f} s after up")
 
@@ -215,6 +220,82 @@ def test_prometheus_scrapes_triton_and_the_gateway_and_answers_queries(stack):
         time.sleep(1)
 
 
+def test_prometheus_loaded_every_rule_group_the_slo_ones_too(stack):
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    expected = {
+        group["name"]
+        for name in config["rule_files"]
+        for group in yaml.safe_load((PROMETHEUS_CONFIG.parent / name).read_text())["groups"]
+    }
+    loaded = {group["name"] for group in prometheus(stack, "/api/v1/rules")["data"]["groups"]}
+    assert "slo-embed-availability" in loaded
+    assert loaded == expected
+
+
+def test_prometheus_sends_its_alerts_to_the_stacks_alertmanager(stack):
+    wanted = f"http://alertmanager:{ALERTMANAGER_PORT}/api/v2/alerts"
+    deadline = time.monotonic() + 60
+    while True:
+        data = prometheus(stack, "/api/v1/alertmanagers")["data"]
+        active = [a["url"] for a in data["activeAlertmanagers"]]
+        if active == [wanted] and not data["droppedAlertmanagers"]:
+            break
+        assert time.monotonic() < deadline, data
+        time.sleep(1)
+    # That name answers from inside Prometheus' container: the same network, the same DNS.
+    done = stack.compose(
+        "exec",
+        "-T",
+        "prometheus",
+        "wget",
+        "-qO-",
+        f"http://alertmanager:{ALERTMANAGER_PORT}/-/ready",
+    )
+    assert done.returncode == 0
+
+
+def alertmanager_api(s: Stack, path: str, body: object = None) -> object:
+    """Alertmanager's API v2, at the container's address (it publishes no port)."""
+    request = urllib.request.Request(
+        f"http://{s.address('alertmanager')}:{ALERTMANAGER_PORT}/api/v2{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        raw = response.read()
+    return json.loads(raw) if raw else None
+
+
+def test_the_alertmanager_runs_the_repositorys_routes(stack):
+    committed = yaml.safe_load((DOCKER / "alertmanager" / "alertmanager.yml").read_text())
+    status = alertmanager_api(stack, "/status")
+    # One instance: clustering off, so nothing waits for peers before notifying.
+    assert status["cluster"]["status"] == "disabled"
+    loaded = yaml.safe_load(status["config"]["original"])
+
+    def webhooks(config: dict) -> list[tuple[str, str]]:
+        return [
+            (receiver["name"], webhook["url"])
+            for receiver in config["receivers"]
+            for webhook in receiver.get("webhook_configs", [])
+        ]
+
+    assert webhooks(loaded) == webhooks(committed)
+    assert loaded["route"]["receiver"] == committed["route"]["receiver"]
+    assert len(loaded["inhibit_rules"]) == len(committed["inhibit_rules"])
+    # An alert as Prometheus sends it: severity page lands with the page receiver.
+    name = f"ContainerCheck{uuid.uuid4().hex[:8]}"
+    alertmanager_api(stack, "/alerts", [{"labels": {"alertname": name, "severity": "page"}}])
+    groups = alertmanager_api(stack, "/alerts/groups")
+    receivers = {
+        group["receiver"]["name"]
+        for group in groups
+        for alert in group["alerts"]
+        if alert["labels"]["alertname"] == name
+    }
+    assert receivers == {"page"}, groups
+
+
 def replica_metrics(s: Stack, index: int) -> dict:
     @dataclass
     class Replica:
@@ -259,7 +340,9 @@ def test_only_the_gateway_and_prometheus_on_loopback_are_reachable_from_the_host
         for ports in (c["HostConfig"]["PortBindings"] or {}).values():
             for p in ports:
                 bindings[(stack.service_of(c), p["HostIp"] or "0.0.0.0")] = int(p["HostPort"])
+    # Alertmanager among the rest: Prometheus reaches it on the project's network.
     assert set(bindings) == {("gateway", "0.0.0.0"), ("prometheus", "127.0.0.1")}
+    assert "alertmanager" in {stack.service_of(c) for c in stack.containers()}
     for port in (int(stack.variables[name]) for name in PUBLISHED):
         assert not refused(port), port
     for port in TRITON_PORTS:

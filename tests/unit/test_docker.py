@@ -1,5 +1,6 @@
 """docker/: the Dockerfile (hadolint), compose file (Compose's own loader), Prometheus config
-(promtool), Grafana provisioning and dashboard, and the container's Python requirements.
+(promtool), Alertmanager config (amtool), Grafana provisioning and dashboard, and the container's
+Python requirements.
 
 Nothing here builds or runs an image (no Docker engine on this machine): these are the checks
 that the real validators of each format can make offline, plus our own container contract.
@@ -35,6 +36,8 @@ DOCKERFILE = DOCKER / "Dockerfile"
 COMPOSE = DOCKER / "docker-compose.yml"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
 ALERTS = DOCKER / "prometheus" / "alerts.yml"
+ALERTMANAGER = DOCKER / "alertmanager" / "alertmanager.yml"
+ALERTMANAGER_PORT = 9093
 DATASOURCES = DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDERS = DOCKER / "grafana" / "provisioning" / "dashboards" / "triton.yml"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "triton.json"
@@ -99,6 +102,7 @@ COMPOSE_VARIABLES = (
     "GRAFANA_ADMIN_PASSWORD",
     "REDIS_PASSWORD",
     "TRITON_RESPONSE_CACHE_REDIS_URL",
+    "ALERTMANAGER_CONFIG_DIR",
 )
 
 
@@ -783,10 +787,30 @@ def test_the_cpu_file_swaps_in_the_cpu_image_and_keeps_grafana_to_its_profile(st
         "REDIS_IMAGE": "redis:7.0.15",
         "NGINX_IMAGE": "nginx:1.22.1",
         "PROMETHEUS_IMAGE": "prom/prometheus:v2.55.1",
+        "ALERTMANAGER_IMAGE": "prom/alertmanager:v0.25.0",
         "GRAFANA_IMAGE": "grafana/grafana:11.3.0",
     }
-    for service in ("redis", "gateway", "prometheus"):
+    for service in ("redis", "gateway", "prometheus", "alertmanager"):
         assert cpu[service] == stack["services"][service], service
+
+
+def test_every_hub_image_but_grafanas_has_a_debian_stand_in():
+    """Where no registry answers, each Hub image is a stage of debian.Dockerfile, shaped as the
+    original for the compose file's commands (Grafana has no Debian package)."""
+    from containers import images
+
+    assert set(images.SERVICE_STAGES) == set(images.hub_images()) - {"GRAFANA_IMAGE"}
+    debian = stages(dockerfile_instructions(images.SERVICES_DOCKERFILE.read_text()))
+    assert set(images.SERVICE_STAGES.values()) == set(debian)
+    alertmanager = debian[images.SERVICE_STAGES["ALERTMANAGER_IMAGE"]]
+    assert "prometheus-alertmanager" in images.SERVICE_PACKAGES
+    assert instruction(alertmanager, "USER") == ["nobody"]
+    assert json.loads(instruction(alertmanager, "ENTRYPOINT")[0]) == [
+        "/usr/bin/prometheus-alertmanager"
+    ]
+    # The storage path of the compose file's command belongs to that user.
+    (run,) = instruction(alertmanager, "RUN")
+    assert "-o nobody" in run and run.split()[-1] == "/alertmanager"
 
 
 def test_triton_service_contract(gpu_stack):
@@ -823,6 +847,8 @@ def test_only_the_gateway_and_grafana_are_published_beyond_this_host(stack):
     }
     assert exposed == {"gateway": {8080, 8081}, "grafana": {3000}}
     assert published(stack["services"]["prometheus"]) == {("127.0.0.1", 9090)}
+    # Prometheus reaches it on compose's network; an operator through `exec ... amtool`.
+    assert published(stack["services"]["alertmanager"]) == set()
 
 
 def test_the_operator_file_binds_tritons_ports_to_loopback_only():
@@ -878,6 +904,47 @@ def test_promtool_rejects_a_bad_config(tmp_path):
     assert result.returncode != 0
 
 
+def test_prometheus_loads_every_rule_file_from_its_mounted_folder(stack):
+    # The config's folder is mounted whole: each rule file it names must be in it.
+    prometheus = stack["services"]["prometheus"]
+    (folder,) = [v for v in prometheus["volumes"] if v["target"] == "/etc/prometheus"]
+    assert folder.get("read_only") is True
+    rule_files = yaml.safe_load(PROMETHEUS.read_text())["rule_files"]
+    assert "slo-rules.yml" in rule_files
+    for name in rule_files:
+        assert (Path(folder["source"]) / name).is_file(), name
+
+
+def test_prometheus_sends_its_alerts_to_the_alertmanager_service(stack):
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    (alerting,) = config["alerting"]["alertmanagers"]
+    targets = [t for group in alerting["static_configs"] for t in group["targets"]]
+    assert targets == [f"alertmanager:{ALERTMANAGER_PORT}"]
+    assert "alertmanager" in stack["services"]["prometheus"]["depends_on"]
+
+
+def test_alertmanager_service_contract(stack):
+    alertmanager = stack["services"]["alertmanager"]
+    assert re.search(r":v\d+\.\d+\.\d+$", alertmanager["image"]), alertmanager["image"]
+    command = dict(arg.split("=", 1) for arg in alertmanager["command"])
+    mounts = {v["target"]: v for v in alertmanager["volumes"]}
+    # Its config, from this repository's folder, read-only, under the name the command gives.
+    config = Path(command["--config.file"])
+    folder = mounts[str(config.parent)]
+    assert folder["type"] == "bind" and folder.get("read_only") is True
+    assert Path(folder["source"]) / config.name == ALERTMANAGER
+    # Silences and the notification log in a named volume (which `down -v` removes).
+    data = mounts[command["--storage.path"]]
+    assert data["type"] == "volume" and data["source"] in stack["volumes"]
+    # One instance: clustering off, so nothing waits for peers and nothing listens on 9094.
+    assert command["--cluster.listen-address"] == ""
+    test = " ".join(alertmanager["healthcheck"]["test"])
+    assert f"http://localhost:{ALERTMANAGER_PORT}/-/ready" in test
+    assert alertmanager["restart"] == "unless-stopped"
+    # No ulimits: one above the host's hard limit fails the start without CAP_SYS_RESOURCE.
+    assert "ulimits" not in alertmanager and "ports" not in alertmanager
+
+
 def test_prometheus_scrapes_the_triton_service_metrics_port(stack):
     config = yaml.safe_load(PROMETHEUS.read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton"]
@@ -886,6 +953,64 @@ def test_prometheus_scrapes_the_triton_service_metrics_port(stack):
     assert targets == [f"triton:{TRITON_PORTS['metrics']}"]
     assert "triton" in stack["services"]
     assert (PROMETHEUS.parent / config["rule_files"][0]).resolve() == ALERTS
+
+
+# --- Alertmanager ----------------------------------------------------------------------------
+
+
+def amtool() -> str:
+    """Debian's ``amtool`` (``$AMTOOL`` overrides); a missing one fails the test that needs it."""
+    found = os.environ.get("AMTOOL") or shutil.which("amtool")
+    if not found:
+        pytest.fail(
+            "amtool not found: `make tools` installs Debian's `prometheus-alertmanager` package "
+            "(apt-get install -y --no-install-recommends prometheus-alertmanager), or set $AMTOOL"
+        )
+    return found
+
+
+def run_amtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([amtool(), *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_alertmanager_config_passes_amtool():
+    result = run_amtool("check-config", str(ALERTMANAGER))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_amtool_rejects_a_bad_config(tmp_path):
+    bad = tmp_path / "alertmanager.yml"
+    # A route to a receiver that does not exist.
+    bad.write_text("route:\n  receiver: pager\nreceivers:\n  - name: page\n")
+    result = run_amtool("check-config", str(bad))
+    assert result.returncode != 0 and "undefined receiver" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["alertname=TritonDown", "severity=page", "service=triton"], "page"),
+        (["alertname=TritonQueueDominates", "severity=ticket", "model=embed"], "ticket"),
+        (["alertname=Unlabelled"], "ticket"),
+    ],
+)
+def test_alertmanager_routes_each_severity_to_its_receiver(labels, receiver):
+    # --verify.receivers makes amtool exit non-zero when the route ends elsewhere.
+    result = run_amtool(
+        "config", "routes", "test", f"--config.file={ALERTMANAGER}",
+        f"--verify.receivers={receiver}", *labels,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == receiver
+
+
+def test_the_route_check_fails_on_a_wrong_receiver():
+    result = run_amtool(
+        "config", "routes", "test", f"--config.file={ALERTMANAGER}",
+        "--verify.receivers=ticket", "severity=page",
+    )  # fmt: skip
+    assert result.returncode != 0
 
 
 # --- Grafana -------------------------------------------------------------------------------

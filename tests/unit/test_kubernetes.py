@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import fnmatch
+import posixpath
 import re
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from model_config import parse
+from monitoring import kubernetes as rules_configmap
 from server.launcher import MODEL_REPOSITORY
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "docker" / "kubernetes"
 MANIFESTS = sorted(p for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
+ALERTMANAGER_CONFIG = KUBERNETES.parent / "alertmanager" / "alertmanager.yml"
+PROMETHEUS_VALUES = KUBERNETES / "helm" / "prometheus-values.yaml"
+# The cluster's Prometheus and what this folder puts beside it (by app.kubernetes.io/component);
+# everything else lives in Triton's namespace.
+MONITORING = "monitoring"
+MONITORING_COMPONENTS = {"alertmanager", "prometheus-rules", "prometheus-adapter-rules"}
+# The rule files the prometheus-community chart loads by default, which its values must keep.
+CHART_RULE_FILES = [
+    "/etc/config/recording_rules.yml",
+    "/etc/config/alerting_rules.yml",
+    "/etc/config/rules",
+    "/etc/config/alerts",
+]
 # The oldest release the manifests target (PDB unhealthyPodEvictionPolicy is GA there) and the
 # newest schema kubernetes-validate ships, so a field removed since 1.31 fails too.
 KUBERNETES_VERSIONS = ["1.31", "1.37"]
@@ -57,7 +74,9 @@ def container(pod) -> dict:
 @pytest.fixture(scope="module")
 def adapter_rule() -> dict:
     """The prometheus-adapter rule, parsed from the adapter config inside the ConfigMap."""
-    config = yaml.safe_load(resource("ConfigMap")["data"]["config.yaml"])
+    config = yaml.safe_load(
+        resource("ConfigMap", "triton-prometheus-adapter-rules")["data"]["config.yaml"]
+    )
     (rule,) = config["rules"]
     return rule
 
@@ -109,12 +128,15 @@ def test_kustomization_lists_every_manifest_and_the_image():
     assert entry["name"] == name and entry.get("newTag", tag) == tag
 
 
-def test_triton_resources_live_in_the_namespace():
+def test_each_resource_lives_in_tritons_namespace_or_beside_prometheus():
     namespace = resource("Namespace")["metadata"]["name"]
     for path in MANIFESTS:
         for doc in load(path):
-            if doc["kind"] not in ("Namespace", "ConfigMap"):
-                assert doc["metadata"]["namespace"] == namespace, f"{path.name} {doc['kind']}"
+            if doc["kind"] == "Namespace":
+                continue
+            component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+            expected = MONITORING if component in MONITORING_COMPONENTS else namespace
+            assert doc["metadata"]["namespace"] == expected, f"{path.name} {doc['kind']}"
 
 
 # Deployment --------------------------------------------------------------------------------------
@@ -318,9 +340,15 @@ PROMETHEUS_NS = {"kubernetes.io/metadata.name": "monitoring"}
 TRITON_NS = {"kubernetes.io/metadata.name": "triton"}
 
 
+def namespace_labels(name: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": name}
+
+
 def pod_of(kind: str, name: str) -> Pod:
-    """A pod of one of our Deployments, in the triton namespace."""
-    return TRITON_NS, resource(kind, name)["spec"]["template"]["metadata"]["labels"]
+    """A pod of one of our Deployments, in that Deployment's namespace."""
+    found = resource(kind, name)
+    namespace = namespace_labels(found["metadata"]["namespace"])
+    return namespace, found["spec"]["template"]["metadata"]["labels"]
 
 
 PROMETHEUS: Pod = (PROMETHEUS_NS, {"app.kubernetes.io/name": "prometheus"})
@@ -355,13 +383,24 @@ def policies() -> list[dict]:
     return load(KUBERNETES / "network-policy.yaml")
 
 
-def peer_matches(peer: dict, source: Pod) -> bool:
+def selecting(target: Pod) -> list[dict]:
+    """The policies that select a pod: in its namespace, their podSelector matching its labels."""
+    namespace, labels = target
+    return [
+        doc
+        for doc in policies()
+        if namespace_labels(doc["metadata"]["namespace"]) == namespace
+        and selects(doc["spec"]["podSelector"]["matchLabels"], labels)
+    ]
+
+
+def peer_matches(peer: dict, source: Pod, policy_namespace: str) -> bool:
     namespace, labels = source
     ns_selector = peer.get("namespaceSelector")
     pod_selector = peer.get("podSelector")
-    # No namespaceSelector: the policy's own namespace (all of ours are in `triton`).
+    # No namespaceSelector: the policy's own namespace.
     ns_ok = (
-        namespace == TRITON_NS
+        namespace == namespace_labels(policy_namespace)
         if ns_selector is None
         else selects(ns_selector.get("matchLabels", {}), namespace)
     )
@@ -376,17 +415,15 @@ def allowed(source: Pod, target: Pod, port: int) -> bool:
     any rule of any policy selecting it allows (from: any peer, ports: any listed).
     """
     names = port_names(target[1])
-    selecting = [
-        doc for doc in policies() if selects(doc["spec"]["podSelector"]["matchLabels"], target[1])
-    ]
-    if not selecting:
+    if not selecting(target):
         return True
-    for policy in selecting:
+    for policy in selecting(target):
         assert policy["spec"]["policyTypes"] == ["Ingress"]
+        namespace = policy["metadata"]["namespace"]
         for rule in policy["spec"].get("ingress", []):
             peers = rule.get("from")
             ports = [names.get(p["port"], p["port"]) for p in rule.get("ports", [])]
-            if (peers is None or any(peer_matches(p, source) for p in peers)) and (
+            if (peers is None or any(peer_matches(p, source, namespace) for p in peers)) and (
                 not ports or port in ports
             ):
                 return True
@@ -399,18 +436,16 @@ def pods() -> dict[str, Pod]:
         "triton": pod_of("Deployment", "triton"),
         "gateway": pod_of("Deployment", "gateway"),
         "redis": pod_of("Deployment", "embed-cache"),
+        "alertmanager": pod_of("Deployment", "triton-alertmanager"),
     }
 
 
 def test_every_pod_of_ours_is_selected_by_a_policy_and_every_named_port_exists(pods):
-    for name, (_, labels) in pods.items():
-        selecting = [
-            doc for doc in policies() if selects(doc["spec"]["podSelector"]["matchLabels"], labels)
-        ]
-        assert len(selecting) == 1, name
-        for rule in selecting[0]["spec"]["ingress"]:
+    for name, pod in pods.items():
+        (policy,) = selecting(pod)
+        for rule in policy["spec"]["ingress"]:
             for port in rule["ports"]:
-                assert isinstance(port["port"], int) or port["port"] in port_names(labels)
+                assert isinstance(port["port"], int) or port["port"] in port_names(pod[1]), name
 
 
 def test_only_the_gateway_and_prometheus_reach_triton(pods):
@@ -442,9 +477,205 @@ def test_anyone_reaches_the_gateway_and_only_prometheus_its_counts(pods):
     assert allowed(PROMETHEUS, gateway, ports["metrics"])
 
 
+def test_only_prometheus_reaches_the_alertmanager(pods):
+    alertmanager = pods["alertmanager"]
+    port = port_names(alertmanager[1])["http"]
+    assert allowed(PROMETHEUS, alertmanager, port)
+    others = {**STRANGERS, "triton": pods["triton"], "gateway": pods["gateway"]}
+    for name, stranger in others.items():
+        assert not allowed(stranger, alertmanager, port), name
+
+
 def test_the_policy_check_fails_on_an_open_policy(pods, monkeypatch):
     # Guards the tests above: a rule without `from` admits every pod, and they must see it.
     opened = policies()
     opened[0]["spec"]["ingress"][0].pop("from")
     monkeypatch.setattr(sys.modules[__name__], "policies", lambda: opened)
     assert allowed(STRANGERS["other-namespace"], pods["triton"], HTTP)
+
+
+def test_the_policy_check_sees_a_policy_in_another_namespace_select_nothing(pods, monkeypatch):
+    # Guards the namespace check: Alertmanager's policy moved out of its namespace leaves its
+    # pod unselected, open to anyone, and the tests above must see it.
+    moved = policies()
+    (policy,) = [p for p in moved if p["metadata"]["name"] == "triton-alertmanager"]
+    policy["metadata"]["namespace"] = "triton"
+    monkeypatch.setattr(sys.modules[__name__], "policies", lambda: moved)
+    assert not selecting(pods["alertmanager"])
+    assert allowed(STRANGERS["other-namespace"], pods["alertmanager"], 9093)
+
+
+# Alertmanager ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def alertmanager() -> dict:
+    return resource("Deployment", "triton-alertmanager")
+
+
+@pytest.fixture(scope="module")
+def alertmanager_container(alertmanager) -> dict:
+    (only,) = alertmanager["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def flags(container: dict) -> dict[str, str]:
+    """{--flag: value} of a container's ``--flag=value`` arguments."""
+    return dict(arg.split("=", 1) for arg in container["args"] if arg.startswith("--"))
+
+
+def test_alertmanager_is_the_image_compose_runs_one_instance_without_peers(
+    alertmanager, alertmanager_container
+):
+    from containers import images
+
+    assert alertmanager_container["image"] == images.hub_images()["ALERTMANAGER_IMAGE"]
+    # Two instances that do not gossip would both send every notification: one, and a rollout
+    # that stops the old pod before it starts the new one.
+    assert alertmanager["spec"]["replicas"] == 1
+    assert alertmanager["spec"]["strategy"]["type"] == "Recreate"
+    assert flags(alertmanager_container)["--cluster.listen-address"] == ""
+    template = alertmanager["spec"]["template"]
+    assert selects(alertmanager["spec"]["selector"]["matchLabels"], template["metadata"]["labels"])
+
+
+@pytest.mark.parametrize(
+    ("probe", "path"), [("readinessProbe", "/-/ready"), ("livenessProbe", "/-/healthy")]
+)
+def test_alertmanager_probes_hit_its_health_on_its_web_port(alertmanager_container, probe, path):
+    get = alertmanager_container[probe]["httpGet"]
+    assert get["path"] == path
+    port = (
+        get["port"]
+        if isinstance(get["port"], int)
+        else container_port(alertmanager_container, get["port"])
+    )
+    listen = flags(alertmanager_container)["--web.listen-address"]
+    assert port == int(listen.rpartition(":")[2]) == 9093
+
+
+def test_alertmanager_runs_as_nobody_read_only_with_bounded_memory(
+    alertmanager, alertmanager_container
+):
+    pod = alertmanager["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # nobody, the official image's user (who owns its /alertmanager).
+    assert pod["securityContext"]["runAsUser"] == 65534
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False
+    security = alertmanager_container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    resources = alertmanager_container["resources"]
+    assert resources["requests"]["cpu"] and resources["requests"]["memory"]
+    assert resources["limits"]["memory"]
+
+
+def test_alertmanager_reads_its_config_from_the_secret_and_writes_to_a_volume(
+    alertmanager, alertmanager_container
+):
+    volumes = {v["name"]: v for v in alertmanager["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m for m in alertmanager_container["volumeMounts"]}
+    config = flags(alertmanager_container)["--config.file"]
+    folder, name = posixpath.split(config)
+    mount = mounts[folder]
+    secret = volumes[mount["name"]]["secret"]
+    assert mount["readOnly"] is True
+    assert secret["secretName"] == "triton-alertmanager-config"
+    # The Secret holds the file under the name compose mounts it by.
+    assert secret["items"] == [{"key": ALERTMANAGER_CONFIG.name, "path": name}]
+    assert name == ALERTMANAGER_CONFIG.name
+    # Silences and the notification log, under a read-only root: a volume of their own.
+    storage = mounts[flags(alertmanager_container)["--storage.path"]]
+    assert "emptyDir" in volumes[storage["name"]] and not storage.get("readOnly")
+    # The operator makes the Secret from a copy with real receivers: none is committed.
+    kinds = {doc["kind"] for path in MANIFESTS for doc in load(path)}
+    assert "Secret" not in kinds
+
+
+def test_the_committed_alertmanager_config_has_placeholder_receivers_only():
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    urls = [
+        value
+        for receiver in config["receivers"]
+        for kind, settings in receiver.items()
+        if kind.endswith("_configs")
+        for setting in settings
+        for key, value in setting.items()
+        if key.endswith("url")
+    ]
+    assert urls
+    for url in urls:
+        # .invalid never resolves (RFC 2606): nothing real, no token, is in the repository.
+        assert urlsplit(url).hostname.endswith(".invalid"), url
+
+
+def test_alertmanager_service_targets_its_pods(alertmanager, alertmanager_container):
+    service = resource("Service", "triton-alertmanager")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert selects(
+        service["spec"]["selector"], alertmanager["spec"]["template"]["metadata"]["labels"]
+    )
+    (port,) = service["spec"]["ports"]
+    target = port["targetPort"]
+    assert port["port"] == 9093
+    assert (
+        target if isinstance(target, int) else container_port(alertmanager_container, target)
+    ) == 9093
+
+
+# The rules and the Alertmanager reaching the cluster's Prometheus ------------------------------
+def test_the_rules_configmap_holds_the_compose_prometheus_rule_files_unchanged():
+    sources = rules_configmap.rule_files()
+    assert {"alerts.yml", "slo-rules.yml"} <= set(sources)
+    configmap = resource("ConfigMap", rules_configmap.NAME)
+    assert configmap["data"] == sources, (
+        "docker/kubernetes/prometheus-rules.yaml differs from docker/prometheus's rule files: "
+        "run python -m monitoring rules"
+    )
+    assert rules_configmap.OUTPUT.read_text() == rules_configmap.render(sources)
+    assert configmap["metadata"]["namespace"] == PROMETHEUS_NS["kubernetes.io/metadata.name"]
+
+
+def test_the_rules_check_fails_once_a_source_changes():
+    sources = rules_configmap.rule_files()
+    changed = {**sources, "alerts.yml": sources["alerts.yml"] + "# one more line\n"}
+    assert resource("ConfigMap", rules_configmap.NAME)["data"] != changed
+    assert rules_configmap.OUTPUT.read_text() != rules_configmap.render(changed)
+    # Whatever a rule file holds comes back unchanged from the YAML written.
+    for text in ("tab\there\n", "no newline", "two\n\n", "  indented\n", "\n\nblank first\n"):
+        assert yaml.safe_load(rules_configmap.render({"f.yml": text}))["data"]["f.yml"] == text
+
+
+@pytest.fixture(scope="module")
+def prometheus_values() -> dict:
+    return yaml.safe_load(PROMETHEUS_VALUES.read_text())
+
+
+def test_the_charts_prometheus_loads_every_rule_file_of_the_configmap(prometheus_values):
+    configmap = resource("ConfigMap", rules_configmap.NAME)
+    (mount,) = [
+        m
+        for m in prometheus_values["server"]["extraConfigmapMounts"]
+        if m["configMap"] == rules_configmap.NAME
+    ]
+    rule_files = prometheus_values["serverFiles"]["prometheus.yml"]["rule_files"]
+    # The list replaces the chart's: its own files stay loaded.
+    assert rule_files[: len(CHART_RULE_FILES)] == CHART_RULE_FILES
+    for name in configmap["data"]:
+        path = posixpath.join(mount["mountPath"], name)
+        assert any(fnmatch.fnmatchcase(path, pattern) for pattern in rule_files), path
+    # The config reloader sees the same files, so that a changed ConfigMap reloads Prometheus.
+    reload = prometheus_values["configmapReload"]["prometheus"]
+    assert mount["mountPath"] in reload["extraVolumeDirs"]
+    assert {(m["configMap"], m["mountPath"]) for m in reload["extraConfigmapMounts"]} == {
+        (rules_configmap.NAME, mount["mountPath"])
+    }
+
+
+def test_the_charts_prometheus_sends_its_alerts_to_the_alertmanager_service(prometheus_values):
+    service = resource("Service", "triton-alertmanager")
+    (config,) = prometheus_values["server"]["alertmanagers"]
+    targets = [t for group in config["static_configs"] for t in group["targets"]]
+    (port,) = service["spec"]["ports"]
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert targets == [f"{name}.{namespace}.svc:{port['port']}"]
