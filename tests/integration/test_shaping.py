@@ -484,6 +484,47 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
         time.sleep(0.1)
 
 
+def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
+    """nginx's $request_time and $upstream_response_time reach the exporter's histograms."""
+    nginx, exporter, _ = gateway
+    tenant = LIMITS.keys[CALM_KEY]
+    labels = {"gateway": "nginx", "tenant": tenant, "model": spec.ENSEMBLE}
+
+    def timed(name: str, suffix: str) -> float:
+        return exporter.registry.get_sample_value(f"{name}{suffix}", labels) or 0.0
+
+    before = {
+        (name, suffix): timed(name, suffix)
+        for name in (shaping.DURATION_METRIC, shaping.UPSTREAM_METRIC)
+        for suffix in ("_count", "_sum")
+    }
+    sent, took = 0, 0.0
+    for protocol, url in (("http", nginx.http_url), ("grpc", nginx.grpc_url)):
+        client = Client(url, protocol)
+        try:
+            send = client.sender(CALM_KEY, spec.ENSEMBLE, f"timed-{protocol}", 2)
+            for i in range(2):  # within the calm tenant's bucket: none refused
+                started = time.monotonic()
+                send(i)
+                took += time.monotonic() - started
+                sent += 1
+        finally:
+            client.close()
+    deadline = time.monotonic() + 10
+    while (
+        timed(shaping.DURATION_METRIC, "_count") - before[shaping.DURATION_METRIC, "_count"] < sent
+    ):
+        assert time.monotonic() < deadline, "the exporter did not time every request"
+        time.sleep(0.1)
+    counted = {key: timed(*key) - value for key, value in before.items()}
+    assert counted[shaping.DURATION_METRIC, "_count"] == sent
+    assert counted[shaping.UPSTREAM_METRIC, "_count"] == sent
+    # nginx's own times: above zero, Triton's within the gateway's, both within the clients'.
+    gateway_s = counted[shaping.DURATION_METRIC, "_sum"]
+    triton_s = counted[shaping.UPSTREAM_METRIC, "_sum"]
+    assert 0 < triton_s <= gateway_s <= took + 0.01 * sent, (triton_s, gateway_s, took)
+
+
 def metric(
     exporter: ShapingLogExporter, tenant: str, model: str, outcome: str, protocol: str = "http"
 ) -> float:
