@@ -19,6 +19,7 @@ import pytest
 from client.classify import AsyncClassifyClient, ClassifyClient
 from client.connection import ClientError, module
 from pipelines import classification as spec
+from pipelines import embedding as espec
 from tests.bad_images import bad_images, png_header
 from tests.helpers import batched_in_some_burst, run_cli
 
@@ -312,11 +313,18 @@ def test_cli_reports_a_bad_image_without_a_traceback(server, tmp_path):
     assert "IMAGE[0]: not an image" in done.stderr and "Traceback" not in done.stderr
 
 
-def readme_block(marker: str) -> str:
+def readme_block(marker: str, language: str = "bash") -> str:
     text = (REPO / "README.md").read_text()
-    match = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)```", text, re.S)
+    match = re.search(rf"<!-- {marker} -->\s*```{language}\n(.*?)```", text, re.S)
     assert match, f"README has no block marked {marker}"
     return match.group(1)
+
+
+def test_readme_python_example_works(server):
+    script = readme_block("python-example", "python").replace("localhost:8000", server.http_url)
+    scope: dict = {}
+    exec(script, scope)
+    assert scope["vectors"].shape == (1, espec.HIDDEN_SIZE)
 
 
 def test_readme_curl_example_works(server, photos, tmp_path):

@@ -20,8 +20,8 @@ from tritonclient.utils import InferenceServerException
 
 from client import connection
 from client.embed import build_inputs
+from client.router import Router, is_retryable
 from gateway.nginx import USER_ID_HEADER, Nginx, check_config, render
-from gateway.router import Router, is_retryable
 from pipelines import embedding as spec
 from server import Server, ServerConfig
 
@@ -356,7 +356,7 @@ def test_rendered_nginx_config_passes_nginx_t(nginx_binary):
 def nginx_sender(protocol: str, url: str):
     """A Load sender through nginx: one client per thread, the user id as a header.
 
-    A retryable failure (``gateway.router.is_retryable``) is sent once more and recorded in
+    A retryable failure (``client.router.is_retryable``) is sent once more and recorded in
     ``send.retried`` as (sent, failed, message), monotonic s: nginx cannot resend a gRPC
     request whose body it already streamed to a server that then died, so that one comes back
     as UNAVAILABLE (HTTP/2 status 502).

@@ -1,4 +1,4 @@
-"""The consistent-hash ring, failover order and error classification of gateway/router.py."""
+"""The consistent-hash ring, failover order and error classification of client/router.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gateway.router import AllShardsFailed, HashRing, Router, is_retryable
+from client.router import AllShardsFailed, HashRing, Router, is_retryable
 from server.launcher import free_port
 from tests.helpers import REPO
 
@@ -35,7 +35,7 @@ def test_each_of_three_shards_gets_a_fair_share_of_keys():
 def test_the_same_key_maps_to_the_same_shard_in_a_fresh_process():
     sample = KEYS[:500]
     code = (
-        "import json, sys; from gateway.router import HashRing; "
+        "import json, sys; from client.router import HashRing; "
         f"ring = HashRing({SHARDS!r}); "
         f"print(json.dumps([ring.owner(k) for k in {sample!r}]))"
     )

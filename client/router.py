@@ -14,8 +14,10 @@ Example:
         outputs = connection.make_outputs(router.mod, ["EMBEDDING"])
         result = router.infer("user-42", "embed", inputs, outputs)
 
-Traffic shaping (token buckets per tenant and model) is nginx's job, not this module's: put
-``python -m gateway.nginx`` in front of the servers where callers must be held to a rate.
+For a Python caller that spreads its own requests over several servers with no proxy in
+between. Traffic shaping (token buckets per tenant and model) is the gateway's job, not this
+module's: put ``python -m gateway.nginx`` in front of the servers where callers must be held to
+a rate.
 """
 
 from __future__ import annotations
