@@ -33,11 +33,12 @@ import tritonclient.grpc as grpcclient
 
 from bench.harness import affinity, compare, variants
 from containers import images, tools
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
+from processes.managed import free_port
 from server import Server, ServerConfig
-from server.launcher import ADMIN_KEY_ENV, MODEL_REPOSITORY
-from server.process import free_port
+from server.launcher import ADMIN_KEY_ENV
 
 log = logging.getLogger(__name__)
 

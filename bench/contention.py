@@ -44,10 +44,10 @@ import model_config
 from bench import load
 from bench.harness import affinity, stats
 from client.embed import EmbedClient
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ import tritonclient.http as httpclient
 from bench.harness import affinity, inputs, variants
 from bench.harness import perf_analyzer as pa
 from gateway.nginx import Nginx, OpenAI
+from paths import MODEL_REPOSITORY
 from pipelines import embedding as spec
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from server.process import argv, children, stub_model
+from processes.managed import argv, children
+from server.stubs import stub_model
 
 # Triton 2.51's messages for requests its dynamic batcher refuses (queue policy).
 QUEUE_FULL = "Exceeds maximum queue size"

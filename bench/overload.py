@@ -29,10 +29,10 @@ from bench import load
 from bench.harness import affinity
 from client import classify, embed
 from export import samples, text_samples
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
 
 log = logging.getLogger(__name__)
 

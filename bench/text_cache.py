@@ -33,9 +33,9 @@ import model_config
 from bench.harness import affinity, perf_analyzer, stats, variants
 from bench.report.metrics import NotComputable, equal_p99_ratio
 from export import text_samples
+from paths import MODEL_REPOSITORY
 from pipelines import embedding as spec
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
 from server.redis import RedisServer
 
 log = logging.getLogger(__name__)

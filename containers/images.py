@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from containers import tools
-from server.launcher import REPO_ROOT
+from paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
 

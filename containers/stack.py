@@ -21,7 +21,7 @@ from pathlib import Path
 from containers import tools
 from gateway import shaping
 from gateway.nginx import LIMITS
-from server.launcher import REPO_ROOT
+from paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
 

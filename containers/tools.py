@@ -14,7 +14,7 @@ import shlex
 import shutil
 import subprocess
 
-from server.launcher import REPO_ROOT
+from paths import REPO_ROOT
 
 DOCKER = REPO_ROOT / "docker"  # the deployment files: Dockerfiles, compose, engine.sh
 ENGINE_SCRIPT = DOCKER / "engine.sh"

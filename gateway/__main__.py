@@ -25,7 +25,7 @@ from pathlib import Path
 from gateway.nginx import Nginx, OpenAI, find_js_module, find_nginx
 from gateway.shaping import load_limits
 from pipelines import embedding as espec
-from server import __main__ as launcher
+from server import serve
 
 DEFAULT_HTTP_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return nginx, lambda: banner(nginx, args.limits)
 
-    return launcher.main(rest, front=front)
+    return serve.main(rest, front=front)
 
 
 def banner(nginx: Nginx, limits: Path | None) -> str:

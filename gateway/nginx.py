@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.shaping import ANONYMOUS, Limit, Limits, load_limits
+from paths import REPO_ROOT
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server.launcher import REPO_ROOT
-from server.process import ManagedProcess
+from processes.managed import ManagedProcess
 
 __all__ = [
     "LIMITS",

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import yaml
 
-KUBERNETES = Path(__file__).resolve().parents[1] / "docker" / "kubernetes"
+from paths import DOCKER
+
+KUBERNETES = DOCKER / "kubernetes"
 PROMETHEUS = KUBERNETES.parent / "prometheus" / "prometheus.yml"
 OUTPUT = KUBERNETES / "prometheus-rules.yaml"
 NAME = "triton-prometheus-rules"

@@ -44,10 +44,10 @@ from pathlib import Path
 import yaml
 
 from gateway import shaping
+from paths import DOCKER
 
-REPO = Path(__file__).resolve().parents[1]
-SLOS = REPO / "docker" / "prometheus" / "slos.yml"
-RULES = REPO / "docker" / "prometheus" / "slo-rules.yml"
+SLOS = DOCKER / "prometheus" / "slos.yml"
+RULES = DOCKER / "prometheus" / "slo-rules.yml"
 
 AVAILABILITY = "availability"
 LATENCY = "latency"

@@ -40,11 +40,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from export import tensorrt
+from paths import MODEL_REPOSITORY
 from server import gpus as gpu_info
 from server import redis, supervisor
 from server.launcher import (
     ADMIN_KEY_ENV,
-    MODEL_REPOSITORY,
     Installation,
     Server,
     ServerConfig,

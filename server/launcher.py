@@ -31,9 +31,10 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.version import Version
 
+from paths import MODEL_REPOSITORY
+from processes.managed import ManagedProcess, ServerStartError, free_port
 from server import gpus as gpu_info
 from server import redis, repository
-from server.process import ManagedProcess, ServerStartError, free_port
 
 __all__ = [
     "ADMIN_APIS",
@@ -47,8 +48,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 NGC_ROOT = Path("/opt/tritonserver")
 
 # Endpoints that change the server or reach into the host: model load/unload and the repository
@@ -77,7 +76,7 @@ class _RedactKeys(logging.Filter):
         return True
 
 
-for _name in ("server.process", "server.container"):
+for _name in ("processes.managed", "server.container"):
     logging.getLogger(_name).addFilter(_RedactKeys())
 
 

@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from urllib.parse import quote
 
-from server.process import ManagedProcess
+from processes.managed import ManagedProcess
 
 # How the embedding step's stubs learn where the shared cache is (tritonserver passes its
 # environment to them).

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import psutil
 
+from processes.managed import children, state
 from server.launcher import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_HEADER_PREFIX
-from server.process import children, state, stub_model
+from server.stubs import stub_model
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from server.process import HttpProcess
+from processes.managed import HttpProcess
 from tests.helpers import prometheus_tool
 
 

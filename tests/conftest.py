@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from export import samples
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
 
 CLASSIFIER_ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 ENCODER_ONNX = tuple(MODEL_REPOSITORY / "encoder" / v / "model.onnx" for v in ("1", "2"))

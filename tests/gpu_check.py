@@ -551,7 +551,7 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
 
         import model_config
         from export import samples
-        from server.launcher import MODEL_REPOSITORY
+        from paths import MODEL_REPOSITORY
 
         # configs/<name>.pbtxt is rendered from its overlay and not committed: a fresh checkout
         # has none.

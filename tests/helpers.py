@@ -11,7 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO_ROOT
+
+REPO = REPO_ROOT
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

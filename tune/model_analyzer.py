@@ -41,9 +41,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 import model_config
 from bench.harness import affinity, inputs, tool_env
 from bench.harness import perf_analyzer as pa
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server.launcher import MODEL_REPOSITORY, Server, ServerConfig
+from server.launcher import Server, ServerConfig
 from tune import search
 
 log = logging.getLogger(__name__)

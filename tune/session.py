@@ -16,9 +16,9 @@ from pathlib import Path
 from bench.harness import inputs, perf_analyzer
 from bench.harness.plan import ONNX, Plan
 from bench.harness.servers import TritonUnderTest, measure_raw, server_config
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding
-from server.launcher import MODEL_REPOSITORY
 from tune import search
 
 Progress = Callable[[str], None]

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from server.process import children
+from processes.managed import children
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import model_config
 from bench.harness import inputs, variants
 from bench.peers import infinity
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding
-from server.launcher import MODEL_REPOSITORY
 
 ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
 

@@ -21,11 +21,12 @@ import tritonclient.http as http
 from bench.harness import affinity, stats, trace, variants
 from bench.harness.plan import EMBED, EMBED_MODELS, ENCODERS, ONNX, Plan, padding_step, stats_models
 from bench.harness.raw import STAGE_KIND
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY, find_installation
-from server.process import stub_model
+from server.launcher import find_installation
+from server.stubs import stub_model
 
 
 def peer_token_counts(url: str, model: str = EMBED) -> tuple[float, float]:

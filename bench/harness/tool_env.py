@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.launcher import REPO_ROOT
+from paths import REPO_ROOT
 
 PEERS = REPO_ROOT / ".peers"
 INSTALL_TIMEOUT_S = 1800.0

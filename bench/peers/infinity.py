@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import affinity, tool_env
+from paths import REPO_ROOT
 from pipelines import embedding
-from server.launcher import REPO_ROOT
-from server.process import HttpProcess, ServerStartError
+from processes.managed import HttpProcess, ServerStartError
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from containers.tools import DOCKER
 from gateway import shaping
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server.process import free_port
+from processes.managed import free_port
 from tests.helpers import compose_binary, scrape, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

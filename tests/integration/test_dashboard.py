@@ -30,7 +30,8 @@ import model_config
 from client.embed import EmbedClient
 from gateway.metrics import ShapingLogExporter
 from monitoring import slo
-from server.launcher import MODEL_REPOSITORY, free_port
+from paths import MODEL_REPOSITORY
+from server.launcher import free_port
 from tests import promql
 from tests.alerting import Prometheus
 

@@ -256,8 +256,8 @@ def test_the_step_can_run_the_encoder_triton_serves_through_bls(reference):
     """The GPU configs' embed: tokenize_encode calls the served encoder (here its CPU model)."""
     import tritonclient.http as http
 
+    from paths import MODEL_REPOSITORY
     from server import Server, ServerConfig
-    from server.launcher import MODEL_REPOSITORY
 
     config = ServerConfig(
         http_port=0, grpc_port=0, metrics_port=0,

@@ -24,9 +24,9 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from client.connection import module
+from paths import MODEL_REPOSITORY
 from pipelines import embedding as espec
 from server import Server, ServerConfig
-from server.launcher import MODEL_REPOSITORY
 
 pytestmark = pytest.mark.integration
 

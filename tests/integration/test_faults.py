@@ -35,11 +35,11 @@ from tritonclient.utils import InferenceServerException
 from bench import load
 from client import classify, connection, embed
 from export import samples
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server import Server, ServerConfig, process, repository
-from server.launcher import MODEL_REPOSITORY
-from server.process import shm_regions_of_group
+from processes.managed import shm_regions_of_group
+from server import Server, ServerConfig, repository, stubs
 from server.supervisor import StubSupervisor
 from tests.helpers import RERUN_KNOWN_ABORT, known_abort_raised
 
@@ -145,7 +145,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
             warm_up(call, CONCURRENCY)
             admin = grpc.InferenceServerClient(server.grpc_url)
             headers = server.admin_headers("grpc")
-            (victim,) = process.stub_pids(server.process.pid, espec.TOKENIZE)
+            (victim,) = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
             marks: dict[str, float] = {}
             loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
             try:
@@ -153,7 +153,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
                 marks["kill"] = time.monotonic()
                 os.kill(victim, signal.SIGKILL)
                 time.sleep(4.0)  # time for Triton to notice and restart the stub, if it did
-                stubs_after_wait = process.stub_pids(server.process.pid, espec.TOKENIZE)
+                stubs_after_wait = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
                 ready_while_dead = {
                     "server live": admin.is_server_live(),
                     "server ready": admin.is_server_ready(),
@@ -167,7 +167,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
                 admin.load_model(espec.TOKENIZE, headers=headers)
                 plain_load_s = time.monotonic() - marks["plain load"]
                 time.sleep(2.0)
-                stubs_after_plain_load = process.stub_pids(server.process.pid, espec.TOKENIZE)
+                stubs_after_plain_load = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
                 # What does reload it: a config that differs (a parameter the model ignores).
                 config = admin.get_model_config(espec.TOKENIZE, as_json=True)["config"]
                 config.setdefault("parameters", {})["reload_token"] = {"string_value": str(victim)}
@@ -176,7 +176,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
                 admin.load_model(espec.TOKENIZE, config=json.dumps(config), headers=headers)
                 marks["reloaded"] = time.monotonic()
                 log_after_reload = server_log_size(server)
-                new_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
+                new_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
                 time.sleep(6.0)  # recovered: the last 3 s of this must be failure-free
             finally:
                 tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
@@ -291,7 +291,7 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
             watcher = StubSupervisor.of(server, interval_s=0.5)
             polls = poll_times(watcher)
             with watcher:
-                (victim,) = process.stub_pids(server.process.pid, espec.TOKENIZE)
+                (victim,) = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
                 loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
                 try:
                     time.sleep(2.0)  # baseline: everything succeeds
@@ -303,7 +303,7 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
                     time.sleep(5.0)  # recovered: the last 2 s of this must be failure-free
                 finally:
                     tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
-            new_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
+            new_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
     finally:
         server.stop(timeout=EXIT_TIMEOUT_S + 25)
 
@@ -381,7 +381,7 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
         warm_up(call, CONCURRENCY)
         admin = grpc.InferenceServerClient(server.grpc_url)
         versions_before = admin.get_model_metadata(espec.TOKENIZE, as_json=True)["versions"]
-        old_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
+        old_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
         loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
         try:
             time.sleep(2.0)
@@ -400,8 +400,8 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
             headers=server.admin_headers("grpc"), as_json=True
         )["models"]
         stats = admin.get_inference_statistics(espec.TOKENIZE, as_json=True)["model_stats"]
-        new_stubs = process.stub_pids(server.process.pid, espec.TOKENIZE)
-        served_by = [process.stub_model(pid) for pid in new_stubs]
+        new_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+        served_by = [stubs.stub_model(pid) for pid in new_stubs]
         admin.close()
     finally:
         server.stop()

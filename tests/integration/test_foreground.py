@@ -12,7 +12,8 @@ import pytest
 
 from client.classify import ClassifyClient
 from export import samples
-from server import launcher, process
+from processes import managed
+from server import launcher, stubs
 from server.launcher import Server, ServerConfig, ServerStartError
 from tests.helpers import REPO, RERUN_KNOWN_ABORT, known_abort_raised
 
@@ -113,12 +114,12 @@ def test_foreground_server_reloads_a_model_whose_stub_died(classifier_onnx):
 
     try:
         read_until("Ctrl-C stops it", 120)
-        (triton,) = (p for p in process.children(proc.pid) if process.argv(p)[:1] == [str(binary)])
-        (victim,) = process.stub_pids(triton, "postprocess")
+        (triton,) = (p for p in managed.children(proc.pid) if managed.argv(p)[:1] == [str(binary)])
+        (victim,) = stubs.stub_pids(triton, "postprocess")
         with known_abort_raised(lambda: "".join(lines)):
             os.kill(victim, signal.SIGKILL)  # idle: no request in flight
             read_until("postprocess reloaded in", 60)
-        (new,) = process.stub_pids(triton, "postprocess")
+        (new,) = stubs.stub_pids(triton, "postprocess")
         url = "".join(lines).split("HTTP     http://")[1].split("/")[0]
         with ClassifyClient(url) as client:
             result = client.classify([samples.photo_bytes("chelsea")])

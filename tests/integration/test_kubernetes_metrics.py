@@ -21,8 +21,9 @@ import yaml
 
 from client.embed import EmbedClient
 from model_config import parse, resolve
+from paths import MODEL_REPOSITORY
 from pipelines import embedding as spec
-from server.launcher import MODEL_REPOSITORY, free_port
+from server.launcher import free_port
 from tests.helpers import prometheus_tool
 
 pytestmark = pytest.mark.integration

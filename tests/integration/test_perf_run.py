@@ -23,7 +23,7 @@ from bench.report.markdown import write_markdown
 from bench.report.points import load
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server import guard
+from processes import guard
 
 pytestmark = pytest.mark.integration
 

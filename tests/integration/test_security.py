@@ -28,10 +28,11 @@ from tritonclient.utils import InferenceServerException
 
 from client.classify import ClassifyClient
 from client.embed import EmbedClient
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding
 from server import Server, ServerConfig
-from server.launcher import ADMIN_APIS, MODEL_REPOSITORY, free_port
+from server.launcher import ADMIN_APIS, free_port
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration

@@ -33,8 +33,8 @@ import psutil
 import pytest
 
 from client.embed import EmbedClient
-from server import guard
-from server.process import STUB_NAME
+from processes import guard
+from server.stubs import STUB_NAME
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration

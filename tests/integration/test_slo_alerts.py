@@ -21,6 +21,7 @@ import yaml
 
 from bench import overload
 from monitoring import slo
+from paths import DOCKER
 from pipelines import classification as cspec
 from server import Server
 from tests.alerting import Alertmanager, Prometheus, WebhookReceiver
@@ -37,7 +38,7 @@ RATE, SECONDS = 150.0, 20.0
 
 def alertmanager_config(webhook: WebhookReceiver) -> dict:
     """The repository's Alertmanager config, its receivers sent here and its waits cut to 1 s."""
-    config = yaml.safe_load((slo.REPO / "docker" / "alertmanager" / "alertmanager.yml").read_text())
+    config = yaml.safe_load((DOCKER / "alertmanager" / "alertmanager.yml").read_text())
     for receiver in config["receivers"]:
         for hook in receiver["webhook_configs"]:
             hook["url"] = webhook.url(f"/{receiver['name']}")

@@ -15,9 +15,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 import model_config
 from export import onnx_export
 from model_config import parse, resolve
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding as emb
-from server.launcher import MODEL_REPOSITORY
 
 # (model folder, variant name) of every overlay; their rendered configs are what Triton reads.
 VARIANTS = [

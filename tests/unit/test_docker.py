@@ -27,7 +27,7 @@ from packaging.version import Version
 
 import model_config
 from server import gpus, launcher
-from tests import promql
+from tests import layout, promql
 from tests.helpers import compose_binary, prometheus_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ ENTRYPOINT_FILE = REPO / "server" / "container.py"
 # Local packages the entrypoint reaches, and installed ones whose files the import scan also
 # follows: tritonclient's grpc extra is not installed by --no-deps, so what its modules import
 # when model_config imports tritonclient.grpc must be in the file itself.
-LOCAL_PACKAGES = {"server", "export", "model_config", "pipelines"}
+LOCAL_PACKAGES = {"server", "export", "model_config", "pipelines", "paths", "processes"}
 FOLLOWED_PACKAGES = {"tritonclient"}
 # Provided inside the container by Triton itself, not by pip.
 TRITON_PROVIDED_MODULES = {"triton_python_backend_utils"}
@@ -311,15 +311,12 @@ def copied_sources(instructions) -> set[str]:
 def test_image_copies_the_application_and_its_requirements(all_stages):
     assert copied_sources(all_stages["gpu"]) == {"docker/requirements.lock"}
     assert copied_sources(all_stages["cpu"]) == {"docker/requirements-cpu.lock"}
-    assert copied_sources(all_stages["app"]) == {
-        "pyproject.toml",
-        "pipelines",
-        "server",
-        "gateway",
-        "export",
-        "model_config",
-        "model_repository",
-    }
+    # What the images run (server.container, python -m gateway) and every package it imports.
+    needed, edges = {"server", "gateway"}, layout.package_edges()
+    while grown := {dst for src, dst in edges if src in needed} - needed:
+        needed |= grown
+    assert needed >= {"pipelines", "paths", "processes", "export", "model_config"}
+    assert copied_sources(all_stages["app"]) == {"pyproject.toml", "model_repository", *needed}
 
 
 def test_tokenizer_op_library_is_linked_where_embed_graph_loads_it(dockerfile):

@@ -13,7 +13,7 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from model_config import resolve
-from server.launcher import MODEL_REPOSITORY
+from paths import MODEL_REPOSITORY
 
 SHARING = Path(__file__).resolve().parents[2] / "docker" / "kubernetes" / "gpu-sharing"
 MANIFESTS = sorted(SHARING.glob("*.yaml"))

@@ -9,8 +9,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
+from paths import MODEL_REPOSITORY
 from server import gpus, launcher, repository
-from server.launcher import MODEL_REPOSITORY
 
 SMI = """0, GPU-1111aaaa, NVIDIA H200, 143771
 1, GPU-2222bbbb, NVIDIA H200, 143771

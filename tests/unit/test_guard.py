@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from server import guard
+from processes import guard
+from processes.managed import ManagedProcess
 from server.launcher import free_port
-from server.process import ManagedProcess
 
 STAND_IN = textwrap.dedent(
     """

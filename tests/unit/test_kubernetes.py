@@ -15,7 +15,7 @@ from kubernetes_validate import utils as kubernetes_validate
 
 from model_config import parse
 from monitoring import kubernetes as rules_configmap
-from server.launcher import MODEL_REPOSITORY
+from paths import MODEL_REPOSITORY
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "docker" / "kubernetes"
 MANIFESTS = sorted(p for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from server import __main__ as server_cli
 from server import launcher
+from server import serve as server_cli
 from server.launcher import ADMIN_APIS, Server, ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]

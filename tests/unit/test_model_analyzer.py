@@ -15,9 +15,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
-from server.launcher import MODEL_REPOSITORY
 from tune import model_analyzer as ma
 from tune import search
 

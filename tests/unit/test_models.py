@@ -17,10 +17,10 @@ import triton_python_backend_utils as pb_utils
 
 import model_config
 from export import samples
+from paths import MODEL_REPOSITORY
 from pipelines import classification as cspec
 from pipelines import embedding as espec
 from pipelines import image, onnx_runner
-from server.launcher import MODEL_REPOSITORY
 
 INVALID, CANCELLED = pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.CANCELLED
 INTERNAL = pb_utils.TritonError.INTERNAL

@@ -33,9 +33,9 @@ from bench.report.metrics import (
 from bench.report.plots import write_plots
 from bench.report.points import load
 from export import text_samples
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding as espec
-from server.launcher import MODEL_REPOSITORY
 from tests.helpers import embed_report_row
 
 # Recorded from perf_analyzer 2.51 (-f out.csv --verbose-csv) against the classify ensemble.

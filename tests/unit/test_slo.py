@@ -17,12 +17,13 @@ import yaml
 from gateway import shaping
 from gateway.nginx import SERVED
 from monitoring import slo
+from paths import DOCS
 from tests.helpers import REPO, prometheus_tool
 
 PROMETHEUS = REPO / "docker" / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.test.yml"))
-OPERATIONS = REPO / "docs" / "operations.md"
+OPERATIONS = DOCS / "operations.md"
 
 
 def promtool_test(folder: Path) -> subprocess.CompletedProcess:

@@ -17,15 +17,17 @@ import time
 
 import pytest
 
-from server import container, process, supervisor
+from processes import managed
+from server import container, supervisor
 from server.launcher import ServerConfig
+from server.stubs import STUB_NAME, stub_model
 from tests.helpers import REPO
 
 
 @pytest.fixture
 def stubs(tmp_path):
     """``start(model)`` runs one fake stub of ``model``; all are killed and reaped at the end."""
-    binary = tmp_path / process.STUB_NAME
+    binary = tmp_path / STUB_NAME
     shutil.copy(shutil.which("cat"), binary)
     started: list[subprocess.Popen] = []
 
@@ -47,7 +49,7 @@ def kill_unreaped(p: subprocess.Popen) -> None:
     """SIGKILL without wait(): the process stays a zombie of this one, as a dead stub does."""
     os.kill(p.pid, 9)
     deadline = time.monotonic() + 5
-    while process.state(p.pid) != supervisor.ZOMBIE:
+    while managed.state(p.pid) != supervisor.ZOMBIE:
         assert time.monotonic() < deadline, "the killed process never became a zombie"
         time.sleep(0.01)
 
@@ -63,7 +65,7 @@ def test_a_stub_that_died_gets_its_model_reloaded_once(stubs):
     reloads: list = []
     watcher = watching_us(reloads)
     assert watcher.poll() == []
-    assert process.stub_model(tokenize.pid) == ("tokenize", "1")
+    assert stub_model(tokenize.pid) == ("tokenize", "1")
     kill_unreaped(tokenize)
     assert watcher.poll() == []  # one sighting could be an unload in progress
     (revival,) = watcher.poll()

@@ -10,9 +10,9 @@ import pytest
 
 import model_config
 from export import tensorrt as trt_export
+from paths import MODEL_REPOSITORY
 from pipelines import classification, embedding
 from server.gpus import Gpu, place_instances
-from server.launcher import MODEL_REPOSITORY
 
 
 def gpu_config(model: str):

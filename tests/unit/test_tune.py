@@ -8,8 +8,8 @@ import pytest
 
 import model_config
 from bench.harness import perf_analyzer
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
-from server.launcher import MODEL_REPOSITORY
 from tune import search
 
 # Raw EfficientNet-Lite0 curves measured here (images/s by batch size, per thread budget).

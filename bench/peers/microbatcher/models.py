@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from paths import MODEL_REPOSITORY
 from pipelines import classification as spec
 from pipelines import embedding as embed_spec
 from pipelines import image, onnx_runner
-from server.launcher import MODEL_REPOSITORY
 
 MODEL_NAME = spec.CLASSIFIER  # the model served by default
 MODEL_VERSION = "1"

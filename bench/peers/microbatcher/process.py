@@ -8,8 +8,8 @@ from pathlib import Path
 
 from bench.harness import affinity
 from bench.peers.microbatcher.models import MODEL_NAME, served_model
-from server.launcher import REPO_ROOT
-from server.process import HttpProcess
+from paths import REPO_ROOT
+from processes.managed import HttpProcess
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ it), started beside the server. It reads a pipe from the owner and watches the g
 Run by path with the standard library only (``python -I -S guard.py PGID GRACE``), so it starts
 in tens of milliseconds and depends on no installed package: it is the one process that must
 work while the environment it watches is broken. With ``-S`` there are no site-packages, so it
-reads /proc itself where ``server.process`` uses psutil; ``server.process`` imports the group
+reads /proc itself where ``processes.managed`` uses psutil; ``processes.managed`` imports the group
 and shared-memory helpers from here.
 """
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from server import guard
+from processes import guard
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class ManagedProcess:
     """Subclasses give ``command()``, ``ready_url`` and optionally ``environment()``/``prepare()``.
 
     Use as a context manager, or call ``start()`` and ``stop()``. The process runs in a process
-    group of its own (with whatever it starts), watched by a guard process (``server/guard.py``)
+    group of its own (with whatever it starts), watched by a guard process (``processes/guard.py``)
     that stops the group if this program dies and sweeps it if the process itself dies.
 
     Without ``log_path`` the log goes to a temp file made at start; a clean stop removes it, a
@@ -341,10 +341,7 @@ def shm_regions_of_group(pgid: int) -> set[Path]:
     return guard.shm_regions(guard.group_members(pgid))
 
 
-# Python-backend stubs --------------------------------------------------------------------
-STUB_NAME = "triton_python_backend_stub"
-
-
+# Other processes --------------------------------------------------------------------------
 def children(pid: int) -> list[int]:
     """Every descendant of ``pid`` (Python-backend stubs are children of tritonserver)."""
     try:
@@ -359,30 +356,6 @@ def argv(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
-
-
-def stub_model(pid: int) -> tuple[str, str] | None:
-    """(model, version) served by a Python-backend stub process, None for any other process.
-
-    The stub's first argument is its model file, ``<repository>/<model>/<version>/model.py``.
-    Only that argument is looked at: the rest of the command line holds other paths (the
-    backend directory, the repository's own folders) that could contain a model's name.
-    """
-    args = argv(pid)
-    if len(args) < 2 or not args[0].endswith(STUB_NAME):
-        return None
-    parts = Path(args[1]).parts
-    return (parts[-3], parts[-2]) if len(parts) >= 3 else None
-
-
-def stub_pids(server_pid: int, model: str | None = None) -> list[int]:
-    """Python-backend stub processes of a server, optionally only those of one model."""
-    pids = []
-    for pid in children(server_pid):
-        served = stub_model(pid)
-        if served is not None and (model is None or served[0] == model):
-            pids.append(pid)
-    return pids
 
 
 def state(pid: int) -> str | None:
