@@ -294,12 +294,6 @@ class Router:
         with self._lock:
             return {n: ShardStats(**vars(s.stats)) for n, s in self._shards.items()}
 
-    def set_url(self, shard: str, url: str) -> None:
-        """Point ``shard`` at a new address (a server that came back elsewhere); keys stay."""
-        with self._lock:
-            self._shards[shard].url = url
-            self._grpc_clients.pop(shard, None)
-
     def _mark(self, shard: str, up: bool, reason: str = "") -> None:
         with self._lock:
             state = self._shards[shard]
@@ -327,7 +321,6 @@ class Router:
         clients = getattr(self._local, "clients", None)
         if clients is None:
             clients = self._local.clients = {}
-        # Keyed by address too, so that set_url() reaches every thread's next request.
         client = clients.get((shard, url))
         if client is None:
             client = self.mod.InferenceServerClient(

@@ -204,13 +204,6 @@ class Session:
         return search.write_configs(variant, MODEL_REPOSITORY, self.base, self.config_name, header)
 
 
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    """``fn()`` and the seconds it took."""
-    started = time.monotonic()
-    result = fn()
-    return result, time.monotonic() - started
-
-
 def write_report(
     out: Path,
     title: str,
