@@ -21,7 +21,7 @@ from client.connection import ClientError, module
 from pipelines import classification as spec
 from pipelines import embedding as espec
 from tests.bad_images import bad_images, png_header
-from tests.helpers import batched_in_some_burst, run_cli
+from tests.helpers import CAT_CLASSES, batched_in_some_burst, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,6 @@ MODELS = [spec.ENSEMBLE, spec.FUSED]
 # The step whose executions tell whether requests were batched together: preprocess is the
 # ensemble's first.
 BATCHING_STEP = {spec.ENSEMBLE: spec.PREPROCESS, spec.FUSED: spec.FUSED}
-CAT_CLASSES = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
 SCORE_ATOL = 1e-4
 
 
