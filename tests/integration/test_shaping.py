@@ -57,6 +57,7 @@ pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
 
 FLOOD_KEY, CALM_KEY, WIDE_KEY = "flood-key-0001", "calm-key-0001", "wide-key-0001"
+ANONYMOUS_RATE = 1 / 60
 FLOOD = shaping.Limit(rate=20, capacity=20)
 MODEL = shaping.Limit(rate=20, capacity=20)  # the per-model limit, on INT8
 OPEN = shaping.Limit(rate=1000, capacity=1000)  # admits every request the flood sends
@@ -67,7 +68,10 @@ def limits(flood: shaping.Limit, model: shaping.Limit) -> shaping.Limits:
     """The gateways' limits, with ``flood`` for the flood tenant and ``model`` for INT8."""
     return shaping.parse_limits(
         {
-            "anonymous": {"rate": 1, "capacity": 1},
+            # One request a minute: spent once, it stays empty for the rest of the module's
+            # tests however slow the machine (at 1/s a slow request let it refill between
+            # the spending and the refusal a test expects).
+            "anonymous": {"rate": ANONYMOUS_RATE, "capacity": 1},
             "tenants": {
                 "flood": {"keys": [FLOOD_KEY], "rate": flood.rate, "capacity": flood.capacity},
                 "calm": {"keys": [CALM_KEY], "rate": 8, "capacity": 8},
@@ -80,6 +84,7 @@ def limits(flood: shaping.Limit, model: shaping.Limit) -> shaping.Limits:
 
 
 LIMITS = limits(FLOOD, MODEL)
+RETRY_AFTER = str(LIMITS.tenants[shaping.ANONYMOUS].retry_after)  # "60"
 # The control: the same gateway with the flood's buckets wide open.
 UNSHAPED = limits(OPEN, OPEN)
 EXTRA_ARGS = [
@@ -110,6 +115,9 @@ SHAPED_FRACTION = 0.5
 # machine moves as much. With shaping off the unshaped flood's slowdown is all left (about 1);
 # shaped, the servers see a tenth of the flood.
 SLOWDOWN_LEFT = 0.5
+# Where flood and calm only share the cores, how much the unshaped flood must slow the calm
+# median for the comparison to mean anything.
+CONTROL_SLOWDOWN = 1.5
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
 
@@ -375,8 +383,9 @@ def check(run: Run, limit: shaping.Limit, shares_step: bool = True) -> None:
     if shares_step:
         assert ratios["shaped/unshaped"] <= SHAPED_FRACTION, ratios
     else:
-        # The control must slow the calm tenant at all, or there is no slowdown to shape away.
-        assert run.unshaped_calm.p50() > run.alone.p50(), ratios
+        # The control must slow the calm tenant clearly, or the share of its slowdown left is
+        # a ratio of noise: 4.5x was measured (docs/isolation.md).
+        assert run.unshaped_calm.p50() >= CONTROL_SLOWDOWN * run.alone.p50(), ratios
         assert ratios["p50 slowdown left"] <= SLOWDOWN_LEFT, ratios
     low, high = admitted_bounds(limit, run.shaped_flood)
     assert low <= run.shaped_flood.answered <= high, (run.shaped_flood.answered, low, high)
@@ -445,7 +454,7 @@ def test_refusals_carry_retry_after_over_http(gateway):
             statuses[exc.code] += 1
             retry_after.add(exc.headers.get("Retry-After"))
     assert statuses[200] >= 1 and statuses[429] >= 1, statuses
-    assert retry_after == {"1"}
+    assert retry_after == {RETRY_AFTER}
     # Health and metadata are never shaped, however empty the bucket.
     with httpclient.InferenceServerClient(nginx.http_url) as client:
         for _ in range(5):
@@ -457,7 +466,7 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     nginx, exporter, _ = gateway
-    # A tenant's bucket is shared by HTTP and gRPC: the anonymous one (1/s) is spent over HTTP.
+    # A tenant's bucket is shared by HTTP and gRPC: the anonymous one (1/min) is spent over HTTP.
     before = metric(exporter, shaping.ANONYMOUS, spec.ENSEMBLE, "refused", "grpc")
     http = Client(nginx.http_url, "http")
     try:
@@ -474,7 +483,7 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
             stub.ModelInfer(request, timeout=30)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "tenant anonymous" in refused.value.details()
-    assert ("retry-after", "1") in tuple(refused.value.initial_metadata() or ()) + tuple(
+    assert ("retry-after", RETRY_AFTER) in tuple(refused.value.initial_metadata() or ()) + tuple(
         refused.value.trailing_metadata() or ()
     )
     deadline = time.monotonic() + 10
@@ -520,9 +529,12 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
     assert counted[shaping.DURATION_METRIC, "_count"] == sent
     assert counted[shaping.UPSTREAM_METRIC, "_count"] == sent
     # nginx's own times: above zero, Triton's within the gateway's, both within the clients'.
+    # nginx writes each to the millisecond, rounded separately: 1 ms per request either way.
     gateway_s = counted[shaping.DURATION_METRIC, "_sum"]
     triton_s = counted[shaping.UPSTREAM_METRIC, "_sum"]
-    assert 0 < triton_s <= gateway_s <= took + 0.01 * sent, (triton_s, gateway_s, took)
+    slack = 0.001 * sent
+    assert 0 < triton_s <= gateway_s + slack, (triton_s, gateway_s)
+    assert gateway_s <= took + slack, (gateway_s, took)
 
 
 def metric(
