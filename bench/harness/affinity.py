@@ -3,8 +3,8 @@
 ``taskset -c`` at start pins a process and what it starts, but a library may change its own
 threads' affinity afterwards (onnxruntime pins its thread pool to cores by itself when it sizes
 the pool on its own). So after a server is up, every thread of it and of its child processes is
-pinned again with ``taskset -a -p`` and each thread's ``Cpus_allowed_list`` is read back from
-/proc, for the report.
+pinned again with ``taskset -a -p`` and each thread's allowed cores are read back (psutil), for
+the report.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import shutil
 import subprocess
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
+
+import psutil
 
 from processes.managed import children
 
@@ -46,48 +47,36 @@ def chosen(server: str | None, client: str | None) -> tuple[list[int], list[int]
     return (as_list(server) if server else server_cpus, as_list(client) if client else client_cpus)
 
 
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """Cores of a kernel CPU list such as ``0-2,5`` (as in ``Cpus_allowed_list``)."""
-    cores: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cores.update(range(int(low), int(high or low) + 1))
-    return frozenset(cores)
-
-
-def allowed_list(status: str) -> str:
-    """The ``Cpus_allowed_list`` value of a /proc ``status`` file's text.
-
-    Raises:
-        ValueError: the field is missing.
-    """
-    for line in status.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise ValueError("no Cpus_allowed_list in status text")
-
-
 def process_tree(pid: int) -> list[int]:
     """``pid`` and every process it started."""
     return [pid, *children(pid)]
 
 
-def thread_affinities(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[int, str]:
-    """{thread id: Cpus_allowed_list} of every thread of ``pids``; threads that exit are skipped."""
-    found: dict[int, str] = {}
+def thread_affinities(pids: Iterable[int]) -> dict[int, frozenset[int]]:
+    """{thread id: cores it may run on} of every thread of ``pids``; what exits is skipped."""
+    found: dict[int, frozenset[int]] = {}
     for pid in pids:
         try:
-            tasks = list((proc / str(pid) / "task").iterdir())
-        except OSError:
+            threads = psutil.Process(pid).threads()
+        except psutil.Error:
             continue
-        for task in tasks:
-            try:
-                found[int(task.name)] = allowed_list((task / "status").read_text())
-            except (OSError, ValueError):
+        for thread in threads:
+            try:  # a thread id is a process id to the kernel, and so to psutil
+                found[thread.id] = frozenset(psutil.Process(thread.id).cpu_affinity())
+            except psutil.Error:
                 continue
     return found
+
+
+def cpu_list(cores: Iterable[int]) -> str:
+    """Cores as the kernel writes them (``0-2,5``)."""
+    ranges: list[list[int]] = []
+    for core in sorted(cores):
+        if ranges and core == ranges[-1][1] + 1:
+            ranges[-1][1] = core
+        else:
+            ranges.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def pinned(cpus: Iterable[int], command: list[str]) -> list[str]:
@@ -113,16 +102,16 @@ def pin(pid: int, cpus: Iterable[int]) -> list[int]:
     return pids
 
 
-def summarize(affinities: dict[int, str], cpus: Iterable[int]) -> str:
+def summarize(affinities: dict[int, frozenset[int]], cpus: Iterable[int]) -> str:
     """``15 threads: all on cores 1`` or ``15 threads: 14 on 1, 1 on 0-1 (NOT all on 1)``."""
     wanted = frozenset(cpus)
     label = ",".join(map(str, sorted(wanted)))
     counts = Counter(affinities.values())
     if not counts:
         return "no threads found"
-    if all(parse_cpu_list(value) <= wanted for value in counts):
+    if all(cores <= wanted for cores in counts):
         return f"{len(affinities)} threads: all on cores {label}"
-    spread = ", ".join(f"{n} on {value}" for value, n in counts.most_common())
+    spread = ", ".join(f"{n} on {cpu_list(cores)}" for cores, n in counts.most_common())
     return f"{len(affinities)} threads: {spread} (NOT all on cores {label})"
 
 

@@ -5,6 +5,8 @@ Nothing here installs or starts infinity-emb.
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,13 +19,6 @@ from bench.report.markdown import embedding_servers
 from bench.report.metrics import metric_table
 from export import text_samples
 from tests.helpers import embed_report_row
-
-STATUS = """Name:\tinfinity_emb
-Pid:\t17603
-Cpus_allowed:\t2
-Cpus_allowed_list:\t1
-voluntary_ctxt_switches:\t10
-"""
 
 
 def test_server_command_serves_our_folder_with_mean_pooling_and_the_default_batch():
@@ -82,33 +77,32 @@ def test_export_writes_token_embeddings_for_infinity_to_pool():
 
 
 @pytest.mark.parametrize(
-    ("text", "cores"),
-    [("1", {1}), ("0-3", {0, 1, 2, 3}), ("0-1,4,6-7", {0, 1, 4, 6, 7}), ("", set())],
+    ("cores", "text"),
+    [({1}, "1"), ({0, 1, 2, 3}, "0-3"), ({0, 1, 4, 6, 7}, "0-1,4,6-7"), (set(), "")],
 )
-def test_cpu_lists(text, cores):
-    assert affinity.parse_cpu_list(text) == cores
+def test_cpu_lists(cores, text):
+    assert affinity.cpu_list(cores) == text
 
 
-def test_allowed_list_from_a_status_file():
-    assert affinity.allowed_list(STATUS) == "1"
-    with pytest.raises(ValueError):
-        affinity.allowed_list("Name:\tx\n")
-
-
-def test_thread_affinities_read_every_thread(tmp_path):
-    for pid, tids in ((10, (10, 11)), (20, (20,))):
-        for tid in tids:
-            task = tmp_path / str(pid) / "task" / str(tid)
-            task.mkdir(parents=True)
-            cpus = "0-1" if tid == 11 else "1"
-            (task / "status").write_text(STATUS.replace("\t1\n", f"\t{cpus}\n", 1))
-    found = affinity.thread_affinities([10, 20, 99], proc=tmp_path)  # 99 has exited
-    assert found == {10: "1", 11: "0-1", 20: "1"}
+def test_thread_affinities_read_every_thread_of_a_live_process():
+    started = threading.Event()
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: (started.set(), stop.wait(10)))
+    worker.start()
+    started.wait(5)
+    try:
+        found = affinity.thread_affinities([os.getpid(), 2**22 + 7])  # the second: no such pid
+    finally:
+        stop.set()
+        worker.join()
+    assert {threading.get_native_id(), worker.native_id} <= set(found)
+    assert set(found.values()) == {frozenset(os.sched_getaffinity(0))}
 
 
 def test_summaries_say_when_a_thread_left_the_core():
-    assert affinity.summarize({1: "1", 2: "1"}, [1]) == "2 threads: all on cores 1"
-    moved = affinity.summarize({1: "1", 2: "1", 3: "0-1"}, [1])
+    one, both = frozenset({1}), frozenset({0, 1})
+    assert affinity.summarize({1: one, 2: one}, [1]) == "2 threads: all on cores 1"
+    moved = affinity.summarize({1: one, 2: one, 3: both}, [1])
     assert moved == "3 threads: 2 on 1, 1 on 0-1 (NOT all on cores 1)"
     assert affinity.summarize({}, [1]) == "no threads found"
 
