@@ -147,6 +147,40 @@ def error_kind(exc: BaseException) -> str:
     return "other"
 
 
+# Where the step finds the shared Redis: the launcher sets it (server/redis.py), the step
+# reads it (pipelines/backend/text_model.py).
+URL_ENV = "EMBED_TEXT_CACHE_URL"
+
+
+@dataclass(frozen=True)
+class SharedSettings:
+    """The shared layer's settings: these defaults, or a config's ``text_cache_*`` parameters.
+
+    A call answers within ``timeout_s`` or counts as a failure; ``breaker_failures`` failures in
+    a row open the breaker for ``breaker_reset_s``; a stored vector lives ``ttl_s``.
+    """
+
+    ttl_s: int = 7 * 24 * 3600
+    timeout_s: float = 0.005
+    breaker_failures: int = 5
+    breaker_reset_s: float = 10.0
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> SharedSettings:
+        """From a model config's parameters; absent ones keep the defaults.
+
+        ``text_cache_ttl_s``, ``text_cache_timeout_ms``, ``text_cache_breaker_failures`` and
+        ``text_cache_breaker_reset_s``.
+        """
+        d = cls()
+        return cls(
+            ttl_s=int(params.get("text_cache_ttl_s", d.ttl_s)),
+            timeout_s=float(params.get("text_cache_timeout_ms", d.timeout_s * 1000)) / 1000,
+            breaker_failures=int(params.get("text_cache_breaker_failures", d.breaker_failures)),
+            breaker_reset_s=float(params.get("text_cache_breaker_reset_s", d.breaker_reset_s)),
+        )
+
+
 class SharedLayer:
     """Redis: one MGET per lookup, one pipelined SET with a TTL per store, behind a breaker.
 
@@ -161,10 +195,10 @@ class SharedLayer:
     def __init__(
         self,
         url: str,
-        ttl_s: int = 7 * 24 * 3600,
-        timeout_s: float = 0.005,
-        breaker_failures: int = 5,
-        breaker_reset_s: float = 10.0,
+        ttl_s: int = SharedSettings.ttl_s,
+        timeout_s: float = SharedSettings.timeout_s,
+        breaker_failures: int = SharedSettings.breaker_failures,
+        breaker_reset_s: float = SharedSettings.breaker_reset_s,
     ):
         import pybreaker
         import redis

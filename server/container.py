@@ -41,8 +41,9 @@ from pathlib import Path
 
 from export import tensorrt
 from paths import MODEL_REPOSITORY
+from pipelines import text_cache
 from server import gpus as gpu_info
-from server import redis, supervisor
+from server import supervisor
 from server.launcher import (
     ADMIN_KEY_ENV,
     Installation,
@@ -160,7 +161,7 @@ def server_config(
         instances_per_gpu=int(per_gpu) if per_gpu else None,
         cache_bytes=int(environ.get("TRITON_CACHE_BYTES", 256 * 1024 * 1024)),
         response_cache_url=environ.get("TRITON_RESPONSE_CACHE_REDIS_URL") or None,
-        text_cache_url=environ.get(redis.URL_ENV) or None,
+        text_cache_url=environ.get(text_cache.URL_ENV) or None,
         extra_args=list(argv),
     )
 

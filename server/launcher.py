@@ -32,9 +32,10 @@ from urllib.parse import unquote, urlsplit
 from packaging.version import Version
 
 from paths import MODEL_REPOSITORY
+from pipelines import text_cache
 from processes.managed import ManagedProcess, ServerStartError, free_port
 from server import gpus as gpu_info
-from server import redis, repository
+from server import repository
 
 __all__ = [
     "ADMIN_APIS",
@@ -441,9 +442,9 @@ class Server(ManagedProcess):
         # with no route out) each stub's exit took 7 s, a stop 10-15 s
         # (docs/processes.md#what-a-stop-guarantees). A server does not phone home unasked.
         env.setdefault("ORT_DISABLE_TELEMETRY", "1")
-        env.pop(redis.URL_ENV, None)
+        env.pop(text_cache.URL_ENV, None)
         if self.config.text_cache_url:
-            env[redis.URL_ENV] = self.config.text_cache_url
+            env[text_cache.URL_ENV] = self.config.text_cache_url
         # No PYTHONPATH: the stub imports pipelines from its environment's site-packages, where
         # it is installed (from Python 3.11 the stub ignores PYTHONPATH anyway).
         return env

@@ -4,7 +4,7 @@
 beside tritonserver: bound to loopback, a password made at start, ``maxmemory`` with
 ``allkeys-lru`` (a full cache evicts the least recently used vectors instead of refusing new
 ones) and no persistence (a cache, not a store). The stubs of tritonserver find it through
-``EMBED_TEXT_CACHE_URL`` (``pipelines/backend/text_model.py``); ``--redis URL`` points them at a
+``EMBED_TEXT_CACHE_URL`` (``pipelines.text_cache.URL_ENV``); ``--redis URL`` points them at a
 Redis that runs elsewhere instead (``rediss://`` for TLS, a password, a database number).
 """
 
@@ -20,7 +20,6 @@ from processes.managed import ManagedProcess
 
 # How the embedding step's stubs learn where the shared cache is (tritonserver passes its
 # environment to them).
-URL_ENV = "EMBED_TEXT_CACHE_URL"
 DEFAULT_MAXMEMORY = "256mb"
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from paths import MODEL_REPOSITORY
+from pipelines import text_cache
 from processes.managed import ManagedProcess, StartInterruptedError, StopRequests
 from server import redis
 from server.launcher import (
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the shared layer of the embedding step's per-text cache: 'local' starts "
         "redis-server on loopback with a password and bounded memory (make serve REDIS=1); a "
         "URL (redis://, rediss:// for TLS, with its password and db) uses a Redis that runs "
-        f"elsewhere (prefer ${redis.URL_ENV}: a flag shows in the process list). Default: the "
+        f"elsewhere (prefer ${text_cache.URL_ENV}: a flag shows in the process list). Default: the "
         "step's in-process cache only",
     )
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
@@ -163,7 +164,7 @@ def _serve(
 
     Returns the launcher's exit status; stops everything it started, whatever happens.
     """
-    url = cache.url if cache is not None else args.redis or os.environ.get(redis.URL_ENV)
+    url = cache.url if cache is not None else args.redis or os.environ.get(text_cache.URL_ENV)
     config = ServerConfig(
         text_cache_url=url,
         model_repository=args.model_repository.resolve(),

@@ -18,6 +18,7 @@ the batch; the answer is the same vectors as without the cache.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -30,7 +31,6 @@ from pipelines.backend import batching as bk
 from pipelines.backend import metrics
 
 # Where the shared layer is: set by the launcher (server/redis.py) or the deployment.
-CACHE_URL_ENV = "EMBED_TEXT_CACHE_URL"
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -273,13 +273,8 @@ def text_cache_for(
         runtime=runtime,
     )
     shared = None
-    url = os.environ.get(CACHE_URL_ENV)
+    url = os.environ.get(text_cache.URL_ENV)
     if url:
-        shared = text_cache.SharedLayer(
-            url,
-            ttl_s=int(params.get("text_cache_ttl_s", str(7 * 24 * 3600))),
-            timeout_s=float(params.get("text_cache_timeout_ms", "5")) / 1000,
-            breaker_failures=int(params.get("text_cache_breaker_failures", "5")),
-            breaker_reset_s=float(params.get("text_cache_breaker_reset_s", "10")),
-        )
+        settings = text_cache.SharedSettings.from_parameters(params)
+        shared = text_cache.SharedLayer(url, **dataclasses.asdict(settings))
     return text_cache.TextCache(keyspace, spec.HIDDEN_SIZE, text_cache.LocalLayer(size), shared)

@@ -211,7 +211,7 @@ def test_a_server_leaves_the_callers_config_as_it_was(monkeypatch):
 
 
 def test_embeds_shared_cache_reaches_the_stubs_through_the_environment_only(monkeypatch):
-    from server.redis import URL_ENV
+    from pipelines.text_cache import URL_ENV
 
     monkeypatch.setenv(URL_ENV, "redis://:left-over@elsewhere:6379/0")
     url = "redis://:a-password-1234@127.0.0.1:6390/0"
