@@ -8,8 +8,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from paths import REPO_ROOT
 
@@ -93,14 +96,33 @@ def known_abort_raised(output: Callable[[], str]):
 
 
 def batched_in_some_burst(burst: Callable[[], int], requests: int, tries: int = 5) -> bool:
-    """Whether one of up to ``tries`` bursts was batched: fewer executions than requests.
+    """Whether one of up to ``tries`` bursts was batched: at most half as many executions as
+    requests, so that most requests shared their batch (one pair joined would not do).
 
     ``burst()`` sends the requests concurrently, checks every answer, and returns the number of
-    executions the step made meanwhile. Whether the batcher joins requests depends on how they
-    arrive: a client slowed down by a busy core may send them one by one into free instances.
-    On an idle machine the first burst is batched.
+    executions the step made meanwhile (``settled_executions``). Whether the batcher joins
+    requests depends on how they arrive: a client slowed down by a busy core may send them one
+    by one into free instances. On an idle machine the first burst is batched.
     """
-    return any(burst() < requests for _ in range(tries))
+    return any(burst() <= requests // 2 for _ in range(tries))
+
+
+def settled_executions(stats: Callable[[], dict], before: dict, requests: int) -> int:
+    """Executions a step made for ``requests`` more requests, read once its statistics count
+    every one of them (Triton records a request as it releases it, which can be after the
+    client has its answer). ``stats()`` is the step's entry of the statistics extension."""
+
+    def answered(entry: dict) -> int:
+        counts = entry["inference_stats"]
+        return counts["success"]["count"] + counts["fail"]["count"]
+
+    deadline = time.monotonic() + 30
+    after = stats()
+    while answered(after) - answered(before) < requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = stats()
+    assert answered(after) - answered(before) >= requests, "the statistics never counted them"
+    return after["execution_count"] - before["execution_count"]
 
 
 def embed_report_row(round_, system, level, throughput, p99, **fields) -> dict:
@@ -168,3 +190,23 @@ def limits_with_secret_keys(path: Path) -> Path:
 
     path.write_text(shaping.with_secret_keys(LIMITS.read_text()))
     return path
+
+
+def encoder_alone(encoder_path: Path) -> Callable[[list[str]], np.ndarray]:
+    """``embed(texts)``: each text's vector from the exported encoder run in this process, one
+    text at a time with no padding: a reference that no server, batcher or cache has touched."""
+    from pipelines import embedding as spec
+    from pipelines import onnx_runner
+
+    session = onnx_runner.create_session(encoder_path)
+
+    def embed(texts: list[str]) -> np.ndarray:
+        out = []
+        for text in texts:
+            tokens, _ = spec.encode([text])
+            ids, mask = spec.pad(tokens, len(tokens[0]))
+            feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
+            out.append(onnx_runner.run(session, feeds, [spec.EMBEDDING])[0][0])
+        return np.stack(out)
+
+    return embed

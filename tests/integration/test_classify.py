@@ -10,7 +10,6 @@ import asyncio
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from client.connection import ClientError, module
 from pipelines import classification as spec
 from pipelines import embedding as espec
 from tests.bad_images import bad_images, png_header
-from tests.helpers import CAT_CLASSES, batched_in_some_burst, run_cli
+from tests.helpers import CAT_CLASSES, batched_in_some_burst, run_cli, settled_executions
 
 pytestmark = pytest.mark.integration
 
@@ -138,16 +137,7 @@ def test_dynamic_batcher_forms_batches_across_requests(server, photos):
     def burst_checked() -> int:
         before = model_stats(server, spec.CLASSIFIER)
         asyncio.run(burst())
-        # Triton records a request's statistics as it releases it, which may trail the answer.
-        deadline = time.monotonic() + 10
-        while True:
-            after = model_stats(server, spec.CLASSIFIER)
-            done = after["inference_count"] - before["inference_count"]
-            if done >= requests or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert done == requests
-        return after["execution_count"] - before["execution_count"]
+        return settled_executions(lambda: model_stats(server, spec.CLASSIFIER), before, requests)
 
     assert batched_in_some_burst(burst_checked, requests), "the batcher never joined requests"
 
@@ -259,9 +249,9 @@ def test_each_kind_of_bad_image_in_a_formed_batch_fails_alone(
             )
 
     def burst_checked() -> int:
-        before = model_stats(server, BATCHING_STEP[model])
+        step = BATCHING_STEP[model]
+        before = model_stats(server, step)
         first, *results = asyncio.run(burst())
-        after = model_stats(server, BATCHING_STEP[model])
         assert len(first) == len(blocker)
         for img, result in zip(plan, results, strict=True):
             if img in bad:
@@ -269,7 +259,7 @@ def test_each_kind_of_bad_image_in_a_formed_batch_fails_alone(
                 assert f"IMAGE[0]: {bad[img]}" in str(result)
             else:
                 assert_matches_reference(result, reference, [img])
-        return after["execution_count"] - before["execution_count"]
+        return settled_executions(lambda: model_stats(server, step), before, 1 + len(plan))
 
     assert batched_in_some_burst(burst_checked, 1 + len(plan)), "never batched with the bad ones"
 

@@ -19,6 +19,7 @@ import redis
 
 from pipelines import text_cache
 from server.redis import RedisServer
+from tests.helpers import encoder_alone
 
 pytestmark = pytest.mark.integration
 
@@ -254,21 +255,7 @@ def replicas(encoder_onnx):
 @pytest.fixture(scope="module")
 def uncached(encoder_onnx):
     """Each text's vector from the encoder alone, in this process: what the cache must return."""
-    from pipelines import embedding as spec
-    from pipelines import onnx_runner
-
-    session = onnx_runner.create_session(encoder_onnx[0])
-
-    def embed(texts: list[str]) -> np.ndarray:
-        out = []
-        for text in texts:
-            tokens, _ = spec.encode([text])
-            ids, mask = spec.pad(tokens, len(tokens[0]))
-            feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-            out.append(onnx_runner.run(session, feeds, [spec.EMBEDDING])[0][0])
-        return np.stack(out)
-
-    return embed
+    return encoder_alone(encoder_onnx[0])
 
 
 def embed_via(url: str, texts: list[str], user: str | None = None) -> np.ndarray:
