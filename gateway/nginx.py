@@ -366,11 +366,12 @@ def openai_fields(openai: OpenAI | None) -> dict[str, str]:
         "        }",
         f'        location ~ "{internal}infer$" {{',
         "            internal;",
-        # proxy_set_header here replaces the server's: the admin key is dropped again.
+        # The script wrote this request whole: none of the caller's headers belong on it (an
+        # Inference-Header-Content-Length or Content-Encoding of theirs would make Triton read
+        # the JSON as something else, a key would leak), so only these go.
+        "            proxy_pass_request_headers off;",
         '            proxy_set_header Connection "";',
-        '            proxy_set_header admin-key "";',
-        # The script parses the body: no compression (Triton gzips when a client asks).
-        '            proxy_set_header Accept-Encoding "";',
+        "            proxy_set_header Content-Type application/json;",
         # The whole answer of one Triton request (`chunk` texts of `dimensions` floats and a
         # JSON header).
         "            subrequest_output_buffer_size 1m;",

@@ -398,6 +398,28 @@ def test_langchain_openai_embeddings_through_the_gateway(server, gateway):
     assert_same_vectors([embeddings.embed_query(SENTENCES[0])], want[:1])
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        ("Inference-Header-Content-Length", "5"),  # Triton would cut the JSON at 5 bytes
+        ("Content-Encoding", "gzip"),  # Triton would try to inflate plain JSON
+    ],
+)
+def test_a_callers_headers_never_reach_the_triton_requests_of_a_call(server, gateway, header):
+    texts = ["headers are the caller's", "the script's requests are its own"]
+    request = urllib.request.Request(
+        f"http://{gateway.http_url}/v1/embeddings",
+        data=json.dumps({"model": "embed", "input": texts}).encode(),
+        headers={"Authorization": f"Bearer {CALM_KEY}", "Content-Type": "application/json",
+                 header[0]: header[1]},
+        method="POST",
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as response:
+        body = json.loads(response.read())
+    got = [item["embedding"] for item in sorted(body["data"], key=lambda d: d["index"])]
+    assert_same_vectors(got, reference(server, texts))
+
+
 def test_1d_requests_are_batched_with_each_other(server, encoder_onnx):
     alone = encoder_alone(encoder_onnx[0])  # not the server's own (cached) answers
     bursts = itertools.count()
