@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check imports \
+.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check imports lock \
 	engine up down
 
 venv: $(STAMP)
@@ -74,6 +74,17 @@ serve: models
 		$(if $(GATEWAY),gateway serve,server) --host $(HOST) $(if $(REDIS),--redis local) $(SERVE_ARGS)
 
 # Whether the one-way import rules of pyproject.toml hold (import-linter), and the graph itself.
+# The images' hash locks: every pin of docker/requirements*.txt with the sha256 of each file
+# PyPI has for that version, by uv (--no-deps: each file is the whole list, for the base image's
+# CPython and glibc). The Dockerfile installs them with --require-hashes; run after a pin changes.
+UV_COMPILE = $(VENV)/bin/uv pip compile --generate-hashes --no-deps --quiet \
+	--custom-compile-command "make lock"
+lock: $(STAMP)
+	$(UV_COMPILE) --python-version 3.10 --python-platform x86_64-manylinux_2_35 \
+		docker/requirements.txt -o docker/requirements.lock
+	$(UV_COMPILE) --python-version 3.11 --python-platform x86_64-manylinux_2_36 \
+		docker/requirements-cpu.txt -o docker/requirements-cpu.lock
+
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m tests.layout
