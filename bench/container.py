@@ -19,7 +19,6 @@ each one's rate and p99, and its median ratio to ``serve``::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import secrets
@@ -116,19 +115,16 @@ def system(name: str, cpus: list[int]) -> Iterator[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print rate and p99 per system, model, level and round, and the ratios to ``serve``."""
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="example: python -m bench.container --rounds 2 --levels 1,16",
+    args = compare.arguments(
+        argv,
+        __doc__,
+        "python -m bench.container --rounds 2 --levels 1,16",
+        (2, "1,16", 4000),
+        lambda p: p.add_argument(
+            "--from", dest="source", default="auto", choices=["auto", "registry", "debian"]
+        ),
     )
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--levels", default="1,16", help="concurrencies")
-    parser.add_argument("--measurement-ms", type=int, default=4000)
-    parser.add_argument(
-        "--from", dest="source", default="auto", choices=["auto", "registry", "debian"]
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    levels = [int(x) for x in args.levels.split(",")]
+    levels = args.levels
     started = tools.start_engine()
     if started.returncode != 0:
         print(started.stderr, file=sys.stderr)

@@ -24,7 +24,6 @@ over each measurement)::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import statistics
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 import psutil
 import tritonclient.http as httpclient
 
-from bench.harness import affinity, inputs, variants
+from bench.harness import affinity, compare, inputs, variants
 from bench.harness import perf_analyzer as pa
 from gateway.nginx import Nginx, OpenAI
 from paths import MODEL_REPOSITORY
@@ -87,16 +86,10 @@ def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_
 
 def main(argv: list[str] | None = None) -> int:
     """Print texts/s and p99 per system, level and round, and the ratios to ``triton``."""
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="example: python -m bench.gateway --rounds 3 --levels 8,32",
+    args = compare.arguments(
+        argv, __doc__, "python -m bench.gateway --rounds 3 --levels 8,32", (3, "8,32", 5000)
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--levels", default="8,32", help="concurrencies")
-    parser.add_argument("--measurement-ms", type=int, default=5000)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    levels = [int(x) for x in args.levels.split(",")]
+    levels = args.levels
     server_cpus, load_cpus = affinity.split()
     # No model at start: the embedding step is loaded first with its per-text cache off (a
     # Python step is never reloaded: docs/triton-2.51.md), then the ensembles with theirs off.

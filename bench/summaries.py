@@ -16,7 +16,6 @@ gives each one's rate and p99 per round and the median rate of ``off`` over ``on
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import secrets
@@ -55,16 +54,10 @@ def server(summaries: bool, cpus: list[int]) -> compare.System:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the table of both servers and the ratios."""
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="example: python -m bench.summaries --rounds 2 --levels 16",
+    args = compare.arguments(
+        argv, __doc__, "python -m bench.summaries --rounds 2 --levels 16", (2, "16", 4000)
     )
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--levels", default="16", help="concurrencies (16: saturation here)")
-    parser.add_argument("--measurement-ms", type=int, default=4000)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    levels = [int(x) for x in args.levels.split(",")]
+    levels = args.levels
     server_cpus, load_cpus = affinity.split()
     log.info("servers on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
     systems = {"on": server(True, server_cpus), "off": server(False, server_cpus)}

@@ -7,6 +7,7 @@ system's rate and p99 per round and its median rate over the first system's.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import statistics
@@ -77,3 +78,28 @@ def table(points: Points, systems: Sequence[str], models: Sequence[str], levels:
                     f"| {name} | {model} | {level} | {rates} | {p99s} | {rate / base:.2f}x |"
                 )
     return "\n".join(lines)
+
+
+def arguments(
+    argv: Sequence[str] | None,
+    doc: str,
+    example: str,
+    defaults: tuple[int, str, int],
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The command line every side-by-side benchmark shares, parsed (and logging set up).
+
+    ``defaults``: rounds, levels ("8,32") and the measurement window in ms; ``more`` adds a
+    benchmark's own options. ``levels`` comes back as a list of concurrencies.
+    """
+    rounds, levels, measurement_ms = defaults
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=f"example: {example}")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--levels", default=levels, help="concurrencies, comma-separated")
+    p.add_argument("--measurement-ms", type=int, default=measurement_ms)
+    if more is not None:
+        more(p)
+    args = p.parse_args(argv)
+    args.levels = [int(x) for x in args.levels.split(",")]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    return args
