@@ -95,16 +95,20 @@ def known_abort_raised(output: Callable[[], str]):
         raise TritonAbortError(f"tritonserver aborted: {KNOWN_ABORT}")
 
 
-def batched_in_some_burst(burst: Callable[[], int], requests: int, tries: int = 5) -> bool:
+def batched_in_some_burst(
+    burst: Callable[[], int], requests: int, tries: int = 5, most: bool = True
+) -> bool:
     """Whether one of up to ``tries`` bursts was batched: at most half as many executions as
-    requests, so that most requests shared their batch (one pair joined would not do).
+    requests, so that most requests shared their batch (``most``; one pair joined would not
+    do), or else fewer executions than requests.
 
     ``burst()`` sends the requests concurrently, checks every answer, and returns the number of
     executions the step made meanwhile (``settled_executions``). Whether the batcher joins
     requests depends on how they arrive: a client slowed down by a busy core may send them one
     by one into free instances. On an idle machine the first burst is batched.
     """
-    return any(burst() <= requests // 2 for _ in range(tries))
+    bound = requests // 2 if most else requests - 1
+    return any(burst() <= bound for _ in range(tries))
 
 
 def settled_executions(stats: Callable[[], dict], before: dict, requests: int) -> int:

@@ -93,6 +93,16 @@ class Cluster:
         """Successful embed requests the server has counted (cache hits included)."""
         return embed_stats(self.servers[name])["success"]
 
+    def settled_delta(self, before: dict[str, int], sent: int) -> dict[str, int]:
+        """Each server's successes since ``before``, once they add up to ``sent`` (Triton counts
+        a request as it releases it, which can trail the answer) or 10 s have passed."""
+        deadline = time.monotonic() + 10
+        while True:
+            delta = {n: self.successes(n) - before[n] for n in before}
+            if sum(delta.values()) >= sent or time.monotonic() > deadline:
+                return delta
+            time.sleep(0.05)
+
     def stop_all(self) -> None:
         for server in self.servers.values():
             server.stop()
@@ -411,7 +421,7 @@ def test_nginx_shards_by_user_header_and_survives_a_dead_upstream(cluster, nginx
             before = {n: cluster.successes(n) for n in NAMES}
             for _ in range(3):
                 send(user)
-            delta = {n: cluster.successes(n) - before[n] for n in NAMES}
+            delta = cluster.settled_delta(before, 3)
             assert sorted(delta.values()) == [0, 0, 3], (user, delta)
             upstream_of[user] = next(n for n, d in delta.items() if d == 3)
         assert len(set(upstream_of.values())) >= 2, upstream_of

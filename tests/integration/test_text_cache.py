@@ -302,16 +302,25 @@ def test_texts_one_replica_embedded_are_redis_hits_on_the_other(replicas, uncach
             batch = texts[start : start + 8]
             assert_as_uncached(embed_via(server.http_url, batch), uncached(batch))
     after = [scrape(s) for s in servers]
-    for server_before, server_after, mine in zip(middle, after, encoded, strict=True):
-        assert (
-            change(server_before, server_after, "pipeline_text_cache_misses_total", **LAYERS) == 0
-        )
+    # The served call timeout is 5 ms: on a busy machine a store or a lookup can overrun it,
+    # and the texts of that call (at most a request's eight) are then encoded again, on either
+    # replica. Every such miss must come with a counted timeout; with none, nothing may be.
+    missed = [
+        change(m, a, "pipeline_text_cache_misses_total", **LAYERS)
+        for m, a in zip(middle, after, strict=True)
+    ]
+    timeouts = sum(
+        change(b, a, "pipeline_text_cache_errors_total", **LAYERS, kind="timeout")
+        for b, a in zip(before, after, strict=True)
+    )
+    assert sum(missed) <= 8 * timeouts, (missed, timeouts)
+    for server_before, server_after, mine, miss in zip(middle, after, encoded, missed, strict=True):
         hits = {
             layer: change(server_before, server_after, "pipeline_text_cache_hits_total",
                           **LAYERS, layer=layer)
             for layer in ("local", "redis")
         }  # fmt: skip
-        assert hits == {"local": mine, "redis": len(texts) - mine}, hits
+        assert hits["local"] == mine and hits["redis"] == len(texts) - mine - miss, hits
 
 
 def test_a_redis_killed_mid_load_costs_hits_never_an_answer(replicas, uncached):
