@@ -192,12 +192,6 @@ def test_gpu_metrics_of_the_dashboard_are_verified_only_against_a_gpu_server_or_
 # --- a real Prometheus evaluates every dashboard query ---------------------------------------
 
 
-def api(base: str, path: str, **params) -> dict:
-    url = f"{base}{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
 @pytest.fixture(scope="module")
 def prometheus(server, gateway_exporter, tmp_path_factory):
     """A Prometheus scraping the test server and the gateway exporter every second, with the
@@ -231,7 +225,7 @@ def prometheus(server, gateway_exporter, tmp_path_factory):
             with shaping_log.open("a") as f:
                 f.write(entry.format("PASSED") + entry.format("REJECTED") * (i % 2))
             time.sleep(SCRAPE_INTERVAL_S)
-        yield process.base
+        yield process
 
 
 def as_prometheus_query(expr: str) -> str:
@@ -246,7 +240,7 @@ def test_every_dashboard_query_returns_data_from_prometheus(prometheus):
     for query in promql.dashboard_queries(dashboard):
         names = promql.metric_names(query.expr)
         try:
-            result = api(prometheus, "/api/v1/query", query=as_prometheus_query(query.expr))
+            result = prometheus.api("query", query=as_prometheus_query(query.expr))
         except urllib.error.HTTPError as exc:
             failed[query.where] = exc.read().decode()
             continue
@@ -317,17 +311,17 @@ def counters(server, exporter) -> dict[tuple[str, str], float]:
     return found
 
 
-def newest_scrape(base: str, job: str) -> float:
+def newest_scrape(prometheus: Prometheus, job: str) -> float:
     """Timestamp (s) of the newest scrape of ``job`` that Prometheus has stored, 0 if none."""
-    result = api(base, "/api/v1/query", query=f'timestamp(up{{job="{job}"}})')["data"]["result"]
+    result = prometheus.query(f'timestamp(up{{job="{job}"}})')
     return float(result[0]["value"][1]) if result else 0.0
 
 
-def scrapes_after(base: str, moment: float) -> dict[str, float]:
+def scrapes_after(prometheus: Prometheus, moment: float) -> dict[str, float]:
     """Wait until both jobs have a scrape that began after ``moment`` (epoch s); their times."""
     deadline = time.monotonic() + 60
     while True:
-        times = {job: newest_scrape(base, job) for job in ("triton", "gateway")}
+        times = {job: newest_scrape(prometheus, job) for job in ("triton", "gateway")}
         if all(t > moment for t in times.values()):
             return times
         assert time.monotonic() < deadline, f"no scrape after {moment}: {times}"
@@ -394,9 +388,7 @@ def test_dashboard_ratios_come_out_right_from_prometheus(server, gateway_exporte
         (target,) = by_title[title]["targets"]
         window_ms = round((last[job] - first[job]) * 1000) + 1
         expr = target["expr"].replace("$__rate_interval", f"{window_ms}ms")
-        result = api(
-            prometheus, "/api/v1/query", query=as_prometheus_query(expr), time=f"{last[job]:.3f}"
-        )
+        result = prometheus.api("query", query=as_prometheus_query(expr), time=f"{last[job]:.3f}")
         return {r["metric"].get("model"): float(r["value"][1]) for r in result["data"]["result"]}
 
     batch = values("Formed batch size", "triton")
