@@ -33,8 +33,7 @@ import tritonclient.grpc as grpcclient
 from bench.harness import affinity, compare, variants
 from containers import images, tools
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from processes.managed import free_port
 from server import Server, ServerConfig
 from server.launcher import ADMIN_KEY_ENV
@@ -42,7 +41,7 @@ from server.launcher import ADMIN_KEY_ENV
 log = logging.getLogger(__name__)
 
 SYSTEMS = ("serve", "host", "port")
-MODELS = (espec.ENSEMBLE, cspec.ENSEMBLE)
+MODELS = (embedding.ENSEMBLE, classification.ENSEMBLE)
 CONFIG_NAME = "local"  # what both the bundled server and the CPU image serve
 # No model at start: the embedding step is loaded first with its per-text cache off (a Python
 # step is never reloaded: docs/triton-2.51.md), then the ensembles with the response cache off.

@@ -45,8 +45,7 @@ from bench import load
 from bench.harness import affinity, stats
 from client.embed import EmbedClient
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding, padding
 from server import Server, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -92,7 +91,7 @@ def server_config(cpus: list[int] | None = None) -> ServerConfig:
 def configs(setup: str) -> dict:
     """The classifier and encoder configs of one setup: ``local-shared``, less what it drops."""
     out = {}
-    for model in (cspec.CLASSIFIER, espec.ENCODER):
+    for model in (classification.CLASSIFIER, embedding.ENCODER):
         config = model_config.resolve(MODEL_REPOSITORY / model, SHARED_CONFIG)
         for group in config.instance_group:
             names = {r.name for r in group.rate_limiter.resources}
@@ -112,13 +111,13 @@ def apply(server: Server, client, setup: str) -> None:
     headers = server.admin_headers("grpc")
     for model, config in configs(setup).items():
         client.load_model(model, config=model_config.to_json(config), headers=headers)
-    client.load_model(espec.ENSEMBLE, headers=headers)
+    client.load_model(embedding.ENSEMBLE, headers=headers)
 
 
 def _encoder_inputs(grpc, text: str) -> list:
-    ids, mask = espec.tokenize([text])
+    ids, mask = padding.tokenize([text])
     inputs = []
-    for name, array in ((espec.INPUT_IDS, ids), (espec.ATTENTION_MASK, mask)):
+    for name, array in ((embedding.INPUT_IDS, ids), (embedding.ATTENTION_MASK, mask)):
         tensor = grpc.InferInput(name, list(array.shape), "INT64")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -146,12 +145,12 @@ def _background(url: str, kind: str, concurrency: int, ready, stop, results) -> 
     def call(worker: int) -> None:
         client = clients.get(worker) or clients.setdefault(worker, grpc.InferenceServerClient(url))
         if kind == "images":
-            tensor = grpc.InferInput(cspec.PIXELS, list(pixels.shape), "UINT8")
+            tensor = grpc.InferInput(classification.PIXELS, list(pixels.shape), "UINT8")
             tensor.set_data_from_numpy(pixels)
-            client.infer(cspec.CLASSIFIER, [tensor])
+            client.infer(classification.CLASSIFIER, [tensor])
         else:
             inputs = prepared[worker % len(prepared)]
-            client.infer(espec.ENCODER, inputs, model_version="1")
+            client.infer(embedding.ENCODER, inputs, model_version="1")
 
     try:
         prepared = [_encoder_inputs(grpc, d) for d in documents]
@@ -201,10 +200,10 @@ def measure(server: Server, setup: str, seconds: float) -> Result:
             query(0)  # warm the reloaded instances
 
         def measured_queries():
-            before = stats.snapshot(admin, [espec.ENSEMBLE], as_json=True)
+            before = stats.snapshot(admin, [embedding.ENSEMBLE], as_json=True)
             tally = load.ClosedLoop(query, 1, "queries", QUERY_INTERVAL_S).run(seconds - 1.0)
-            after = stats.snapshot(admin, [espec.ENSEMBLE], as_json=True)
-            return tally, stats.delta(before, after)[espec.ENSEMBLE].request_ms
+            after = stats.snapshot(admin, [embedding.ENSEMBLE], as_json=True)
+            return tally, stats.delta(before, after)[embedding.ENSEMBLE].request_ms
 
         if setup == ALONE:
             idle = load.tally([], seconds)

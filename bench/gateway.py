@@ -38,7 +38,7 @@ from bench.harness import affinity, compare, inputs, variants
 from bench.harness import perf_analyzer as pa
 from gateway.nginx import Nginx, OpenAI
 from paths import MODEL_REPOSITORY
-from pipelines import embedding as spec
+from pipelines import embedding
 from server import Server, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 SYSTEMS = ("triton", "nginx", "openai", "openai-b64", "triton-grpc", "nginx-grpc")
 # What each system's ratio is to: the same protocol straight to Triton.
 BASE = {"triton-grpc": "triton-grpc", "nginx-grpc": "triton-grpc"}
-MODELS = (spec.ENSEMBLE, spec.OPENAI_MODELS[spec.ENSEMBLE])
+MODELS = (embedding.ENSEMBLE, embedding.OPENAI_MODELS[embedding.ENSEMBLE])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -73,14 +73,16 @@ def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_
     openai = {**common, "extra": ["--service-kind=openai", "--endpoint=v1/embeddings", "--async"]}
     grpc = {**common, "protocol": "grpc"}
     return {
-        "triton": pa.Run(spec.ENSEMBLE, server.http_url, input_data=data["kserve"], **common),
-        "nginx": pa.Run(spec.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common),
-        "openai": pa.Run(spec.ENSEMBLE, nginx.http_url, input_data=data["openai"], **openai),
+        "triton": pa.Run(embedding.ENSEMBLE, server.http_url, input_data=data["kserve"], **common),
+        "nginx": pa.Run(embedding.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common),
+        "openai": pa.Run(embedding.ENSEMBLE, nginx.http_url, input_data=data["openai"], **openai),
         "openai-b64": pa.Run(
-            spec.ENSEMBLE, nginx.http_url, input_data=data["openai-b64"], **openai
+            embedding.ENSEMBLE, nginx.http_url, input_data=data["openai-b64"], **openai
         ),
-        "triton-grpc": pa.Run(spec.ENSEMBLE, server.grpc_url, input_data=data["kserve"], **grpc),
-        "nginx-grpc": pa.Run(spec.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc),
+        "triton-grpc": pa.Run(
+            embedding.ENSEMBLE, server.grpc_url, input_data=data["kserve"], **grpc
+        ),
+        "nginx-grpc": pa.Run(embedding.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc),
     }
 
 
@@ -101,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     shares: dict[tuple[str, int], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, Server(config) as server:
         data = {
-            "kserve": inputs.write(spec.ENSEMBLE, Path(tmp)),
-            "openai": inputs.write(spec.ENSEMBLE, Path(tmp), openai=True),
+            "kserve": inputs.write(embedding.ENSEMBLE, Path(tmp)),
+            "openai": inputs.write(embedding.ENSEMBLE, Path(tmp), openai=True),
             "openai-b64": inputs.write(
-                spec.ENSEMBLE, Path(tmp), openai=True, encoding_format="base64"
+                embedding.ENSEMBLE, Path(tmp), openai=True, encoding_format="base64"
             ),
         }
         with httpclient.InferenceServerClient(server.http_url) as client:

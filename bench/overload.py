@@ -30,8 +30,7 @@ from bench.harness import affinity
 from client import classify, embed
 from export import samples, text_samples
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from server import Server, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -79,9 +78,11 @@ class Service:
 
 SERVICES = {
     "classify": Service(
-        cspec.ENSEMBLE, (cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS), image_inputs
+        classification.ENSEMBLE,
+        (classification.PREPROCESS, classification.CLASSIFIER, classification.POSTPROCESS),
+        image_inputs,
     ),
-    "embed": Service(espec.ENSEMBLE, (espec.TOKENIZE, espec.ENCODER), text_inputs),
+    "embed": Service(embedding.ENSEMBLE, (embedding.TOKENIZE, embedding.ENCODER), text_inputs),
 }
 
 

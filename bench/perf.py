@@ -143,7 +143,7 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
                 "the case), the peer's batcher counts (its /stats); infinity-emb does not "
                 "expose them. The raw engine runs the same texts in batches of "
                 f"{plan.raw_mixed_batches}: padded to each batch's longest text, and sorted "
-                "into sub-batches (`pipelines.embedding.encode_sorted`).",
+                "into sub-batches (`pipelines.padding.encode_sorted`).",
             ]
             if plan.mixed_levels
             else []

@@ -34,7 +34,7 @@ from bench.harness import affinity, perf_analyzer, stats, variants
 from bench.report.metrics import NotComputable, equal_p99_ratio
 from export import text_samples
 from paths import MODEL_REPOSITORY
-from pipelines import embedding as spec
+from pipelines import embedding
 from server import Server, ServerConfig
 from server.redis import RedisServer
 
@@ -50,8 +50,8 @@ PASSES = 2  # each setup measured twice, in turn, against the machine's drift
 REPLICA_REQUESTS = 400  # of the first replica's first requests, asked of the second
 SEED = 3
 SETUPS = ("no cache", "response cache", "per-text cache")
-MODEL = spec.TEXTS_ENSEMBLE
-STEP = {"model": spec.TOKENIZE_ENCODE, "version": "1"}
+MODEL = embedding.TEXTS_ENSEMBLE
+STEP = {"model": embedding.TOKENIZE_ENCODE, "version": "1"}
 # Targets, as ratios in one run (docs/performance.md).
 VS_RESPONSE_CACHE = 2.0
 ALL_MISS = 0.95
@@ -70,7 +70,7 @@ def zipf_requests(texts: list[str], requests: int, seed: int = SEED) -> list[lis
 
 def write_data(path: Path, requests: list[list[str]]) -> Path:
     """perf_analyzer's --input-data: one ``input_text`` [REQUEST_TEXTS] entry per request."""
-    data = [{spec.TEXTS: {"content": texts, "shape": [len(texts)]}} for texts in requests]
+    data = [{embedding.TEXTS: {"content": texts, "shape": [len(texts)]}} for texts in requests]
     path.write_text(json.dumps({"data": data}))
     return path
 
@@ -119,12 +119,14 @@ def load_setup(server: Server, text_cache: bool, response_cache: bool) -> None:
 
     name, admin = server.config.model_config_name, server.admin_headers()
     with http.InferenceServerClient(server.http_url) as client:
-        step = model_config.resolve(MODEL_REPOSITORY / spec.TOKENIZE_ENCODE, name)
+        step = model_config.resolve(MODEL_REPOSITORY / embedding.TOKENIZE_ENCODE, name)
         if not text_cache:
             step.parameters["text_cache_bytes"].string_value = "0"
-        client.load_model(spec.TOKENIZE_ENCODE, config=model_config.to_json(step), headers=admin)
+        client.load_model(
+            embedding.TOKENIZE_ENCODE, config=model_config.to_json(step), headers=admin
+        )
         variants.set_response_cache(
-            client, (spec.ENSEMBLE,), response_cache, MODEL_REPOSITORY, name, admin
+            client, (embedding.ENSEMBLE,), response_cache, MODEL_REPOSITORY, name, admin
         )
         client.load_model(MODEL, headers=admin)
 
@@ -150,7 +152,7 @@ def ask_replica(server: Server, requests: list[list[str]]) -> float | None:
     before = step_counts(server)
     with grpc.InferenceServerClient(server.grpc_url) as client:
         for texts in requests:
-            tensor = grpc.InferInput(spec.TEXTS, [len(texts)], "BYTES")
+            tensor = grpc.InferInput(embedding.TEXTS, [len(texts)], "BYTES")
             tensor.set_data_from_numpy(np.array([t.encode() for t in texts], np.object_))
             client.infer(MODEL, [tensor])
     return hit_ratio(before, step_counts(server))

@@ -20,8 +20,7 @@ from pathlib import Path
 from client import connection
 from client import embed as embed_client
 from client.classify import ClassifyClient
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 
 
 def _add_connection_args(parser: argparse.ArgumentParser) -> None:
@@ -52,13 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--top-k",
         type=int,
         default=None,
-        help=f"classes per image (server default {spec.DEFAULT_TOP_K})",
+        help=f"classes per image (server default {classification.DEFAULT_TOP_K})",
     )
     cls.add_argument(
         "--model",
-        default=spec.ENSEMBLE,
-        choices=(spec.ENSEMBLE, spec.FUSED),
-        help=f"the ensemble, or {spec.FUSED} (the same pipeline in one step, for the CPU)",
+        default=classification.ENSEMBLE,
+        choices=(classification.ENSEMBLE, classification.FUSED),
+        help=f"the ensemble, or {classification.FUSED} "
+        "(the same pipeline in one step, for the CPU)",
     )
     _add_connection_args(cls)
     emb = sub.add_parser(

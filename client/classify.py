@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from client import connection
-from pipelines import classification as spec
+from pipelines import classification
 
-OUTPUTS = (spec.LABELS, spec.SCORES, spec.CLASS_IDS)
+OUTPUTS = (classification.LABELS, classification.SCORES, classification.CLASS_IDS)
 
 
 @dataclass(frozen=True)
@@ -33,18 +33,18 @@ def build_inputs(mod, images: Sequence[bytes], top_k: int | None) -> list:
     if not images:
         raise connection.ClientError("no images given")
     batch = np.array([bytes(b) for b in images], dtype=np.object_).reshape(-1, 1)
-    inputs = [connection.make_input(mod, spec.IMAGE, batch, "BYTES")]
+    inputs = [connection.make_input(mod, classification.IMAGE, batch, "BYTES")]
     if top_k is not None:
         k = np.full((len(images), 1), top_k, np.int32)
-        inputs.append(connection.make_input(mod, spec.TOP_K, k, "INT32"))
+        inputs.append(connection.make_input(mod, classification.TOP_K, k, "INT32"))
     return inputs
 
 
 def parse(result) -> list[Prediction]:
     """Predictions from an InferResult (HTTP or gRPC)."""
-    labels = result.as_numpy(spec.LABELS)
-    scores = result.as_numpy(spec.SCORES)
-    ids = result.as_numpy(spec.CLASS_IDS)
+    labels = result.as_numpy(classification.LABELS)
+    scores = result.as_numpy(classification.SCORES)
+    ids = result.as_numpy(classification.CLASS_IDS)
     return [
         Prediction(
             [x.decode() if isinstance(x, bytes) else str(x) for x in row_labels],
@@ -58,7 +58,7 @@ def parse(result) -> list[Prediction]:
 class ClassifyClient(connection.ModelClient):
     """Synchronous client (HTTP or gRPC); a context manager that closes its connection."""
 
-    default_model = spec.ENSEMBLE
+    default_model = classification.ENSEMBLE
 
     def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images (one request; up to the model's max_batch_size)."""
@@ -69,7 +69,7 @@ class ClassifyClient(connection.ModelClient):
 class AsyncClassifyClient(connection.AsyncModelClient):
     """asyncio client (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``)."""
 
-    default_model = spec.ENSEMBLE
+    default_model = classification.ENSEMBLE
 
     async def classify(self, images: Sequence[bytes], top_k: int | None = None) -> list[Prediction]:
         """Classify encoded images in one request."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from client import connection
-from pipelines import embedding as spec
+from pipelines import embedding
 
 
 def build_inputs(mod, texts: Sequence[str | bytes]) -> list:
@@ -26,33 +26,33 @@ def build_inputs(mod, texts: Sequence[str | bytes]) -> list:
         raise connection.ClientError("no texts given")
     items = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
     batch = np.array(items, dtype=np.object_).reshape(-1, 1)
-    return [connection.make_input(mod, spec.TEXT, batch, "BYTES")]
+    return [connection.make_input(mod, embedding.TEXT, batch, "BYTES")]
 
 
 def parse(result) -> np.ndarray:
     """float32 [n, 384] from an InferResult."""
-    return result.as_numpy(spec.EMBEDDING)
+    return result.as_numpy(embedding.EMBEDDING)
 
 
 class EmbedClient(connection.ModelClient):
     """Synchronous client (HTTP or gRPC)."""
 
-    default_model = spec.ENSEMBLE
+    default_model = embedding.ENSEMBLE
 
     def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in one request (up to the model's max_batch_size)."""
-        outputs = connection.make_outputs(self.mod, [spec.EMBEDDING])
+        outputs = connection.make_outputs(self.mod, [embedding.EMBEDDING])
         return parse(self.infer(build_inputs(self.mod, texts), outputs))
 
 
 class AsyncEmbedClient(connection.AsyncModelClient):
     """asyncio client (HTTP or gRPC)."""
 
-    default_model = spec.ENSEMBLE
+    default_model = embedding.ENSEMBLE
 
     async def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in one request."""
-        outputs = connection.make_outputs(self.mod, [spec.EMBEDDING])
+        outputs = connection.make_outputs(self.mod, [embedding.EMBEDDING])
         return parse(await self.infer(build_inputs(self.mod, texts), outputs))
 
 
@@ -98,7 +98,7 @@ async def embed_many(
             progress(done, len(texts))
 
     await asyncio.gather(*(one(i) for i in range(len(batches))))
-    return np.concatenate(results) if results else np.zeros((0, spec.HIDDEN_SIZE), np.float32)
+    return np.concatenate(results) if results else np.zeros((0, embedding.HIDDEN_SIZE), np.float32)
 
 
 class Progress:

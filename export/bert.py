@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from pipelines import embedding as spec
+from pipelines import minilm_weights
 
 
 class SelfAttention(nn.Module):
@@ -95,7 +95,7 @@ class MiniLM(nn.Module):
 
 
 def mean_pool_torch(token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``pipelines.embedding.mean_pool`` for torch tensors: the pooling exported in the graph.
+    """``pipelines.padding.mean_pool`` for torch tensors: the pooling exported in the graph.
 
     Args:
         token_embeddings: float [n, L, H] tensor.
@@ -124,7 +124,7 @@ class SentenceEncoder(nn.Module):
 
 def safetensors_state() -> dict[str, torch.Tensor]:
     """The package's weights (sha256 checked) as a {name: torch.Tensor} state dict."""
-    return safetensors.torch.load(spec.safetensors_bytes())
+    return safetensors.torch.load(minilm_weights.safetensors_bytes())
 
 
 def load_pretrained() -> MiniLM:
@@ -132,6 +132,6 @@ def load_pretrained() -> MiniLM:
     state = safetensors_state()
     # Some checkpoints carry the position-id buffer; it is derived, not learned.
     state.pop("embeddings.position_ids", None)
-    model = MiniLM(spec.model_config())
+    model = MiniLM(minilm_weights.model_config())
     model.load_state_dict(state, strict=True)
     return model.eval()

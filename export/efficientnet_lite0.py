@@ -9,12 +9,11 @@ import numpy as np
 import torch
 
 from export import onnx_export, samples
-from pipelines import classification as spec
-from pipelines import efficientnet_lite, image, onnx_runner
+from pipelines import classification, efficientnet_lite, image, onnx_runner
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OUTPUT = Path("model_repository") / spec.CLASSIFIER / "1" / "model.onnx"
+DEFAULT_OUTPUT = Path("model_repository") / classification.CLASSIFIER / "1" / "model.onnx"
 # fp32 vs fp32 on logits of magnitude ~10-20: the gap the export measures (docs/models.md#export)
 # is well inside 1e-4, which still catches any real graph or weight mismatch (a wrong padding or
 # BN epsilon moves logits by > 0.1).
@@ -51,8 +50,12 @@ def check_parity(
         for start in range(0, len(pixels), 32):
             batch = pixels[start : start + 32]
             expected.append(model(torch.from_numpy(batch)).numpy())
-            got.append(onnx_runner.run(session, {spec.PIXELS: batch}, [spec.LOGITS])[0])
-    single = onnx_runner.run(session, {spec.PIXELS: pixels[:1]}, [spec.LOGITS])[0]
+            got.append(
+                onnx_runner.run(session, {classification.PIXELS: batch}, [classification.LOGITS])[0]
+            )
+    single = onnx_runner.run(session, {classification.PIXELS: pixels[:1]}, [classification.LOGITS])[
+        0
+    ]
     report = onnx_export.compare(
         np.concatenate([*expected, expected[0][:1]]), np.concatenate([*got, single])
     )
@@ -80,9 +83,9 @@ def main(output: Path, opset: int) -> None:
             model,
             (torch.from_numpy(pixels[:2]),),
             path,
-            input_names=[spec.PIXELS],
-            output_names=[spec.LOGITS],
-            dynamic_axes={spec.PIXELS: {0: "batch"}, spec.LOGITS: {0: "batch"}},
+            input_names=[classification.PIXELS],
+            output_names=[classification.LOGITS],
+            dynamic_axes={classification.PIXELS: {0: "batch"}, classification.LOGITS: {0: "batch"}},
             opset=opset,
         )
         check_parity(model, path, pixels)

@@ -9,13 +9,12 @@ import numpy as np
 import torch
 
 from export import bert, onnx_export, text_samples
-from pipelines import embedding as spec
-from pipelines import onnx_runner
+from pipelines import embedding, onnx_runner, padding
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OUTPUT = Path("model_repository") / spec.ENCODER / "1" / "model.onnx"
-DEFAULT_INT8_OUTPUT = Path("model_repository") / spec.ENCODER / "2" / "model.onnx"
+DEFAULT_OUTPUT = Path("model_repository") / embedding.ENCODER / "1" / "model.onnx"
+DEFAULT_INT8_OUTPUT = Path("model_repository") / embedding.ENCODER / "2" / "model.onnx"
 # Version 2 for TensorRT: static INT8 with explicit Q/DQ nodes (TensorRT cannot run the dynamic
 # quantization above); built into an engine on the GPU (export/tensorrt/).
 DEFAULT_QDQ_OUTPUT = DEFAULT_INT8_OUTPUT.with_name("model.qdq.onnx")
@@ -38,18 +37,18 @@ def reference_embeddings(model: torch.nn.Module, texts: list[str]) -> np.ndarray
     The pooling here is ``mean_pool`` (numpy), written apart from the torch pooling that goes
     into the graph, so a mistake in either shows up as a parity failure.
     """
-    ids, mask = spec.tokenize(texts)
+    ids, mask = padding.tokenize(texts)
     with torch.no_grad():
         hidden = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    return spec.mean_pool(hidden, mask)
+    return padding.mean_pool(hidden, mask)
 
 
 def onnx_embeddings(path: Path, texts: list[str]) -> np.ndarray:
     """Sentence embeddings of the exported graph (pooling included) on onnxruntime."""
-    ids, mask = spec.tokenize(texts)
+    ids, mask = padding.tokenize(texts)
     session = onnx_runner.create_session(path, intra_op_threads=2)
-    feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-    return onnx_runner.run(session, feeds, [spec.EMBEDDING])[0]
+    feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+    return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
 
 
 def check_parity(expected: np.ndarray, got: np.ndarray, min_cosine: float) -> float:
@@ -88,7 +87,13 @@ class _CalibrationTexts:
 
     def __init__(self, texts: list[str]):
         self._feeds = iter(
-            dict(zip((spec.INPUT_IDS, spec.ATTENTION_MASK), spec.tokenize([t]), strict=True))
+            dict(
+                zip(
+                    (embedding.INPUT_IDS, embedding.ATTENTION_MASK),
+                    padding.tokenize([t]),
+                    strict=True,
+                )
+            )
             for t in texts
         )
 
@@ -111,7 +116,7 @@ def quantize_qdq(fp32: Path, output: Path, texts: list[str]) -> int:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     graph = onnx.load(str(fp32)).graph
-    square = {i.name for i in graph.initializer if list(i.dims) == [spec.HIDDEN_SIZE] * 2}
+    square = {i.name for i in graph.initializer if list(i.dims) == [embedding.HIDDEN_SIZE] * 2}
     nodes = [n.name for n in graph.node if n.op_type == "MatMul" and square & set(n.input)]
     root = logging.getLogger()
     level = root.level
@@ -146,18 +151,18 @@ def main(
     log.info("loaded all-MiniLM-L6-v2 (sha256 verified)")
     texts = parity_texts()
     expected = reference_embeddings(model, texts)
-    ids, mask = spec.tokenize(texts[:2])
+    ids, mask = padding.tokenize(texts[:2])
     with onnx_export.staged(output) as path:
         onnx_export.export(
             bert.SentenceEncoder(model),
             (torch.from_numpy(ids), torch.from_numpy(mask)),
             path,
-            input_names=[spec.INPUT_IDS, spec.ATTENTION_MASK],
-            output_names=[spec.EMBEDDING],
+            input_names=[embedding.INPUT_IDS, embedding.ATTENTION_MASK],
+            output_names=[embedding.EMBEDDING],
             dynamic_axes={
-                spec.INPUT_IDS: {0: "batch", 1: "sequence"},
-                spec.ATTENTION_MASK: {0: "batch", 1: "sequence"},
-                spec.EMBEDDING: {0: "batch"},
+                embedding.INPUT_IDS: {0: "batch", 1: "sequence"},
+                embedding.ATTENTION_MASK: {0: "batch", 1: "sequence"},
+                embedding.EMBEDDING: {0: "batch"},
             },
             opset=opset,
         )

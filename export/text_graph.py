@@ -18,16 +18,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, compose, helper
 
-from pipelines import embedding as spec
+from pipelines import embedding, minilm_weights, tokenization
 
 CONTRIB = "ai.onnx.contrib"
 OPSET = 17
-DEFAULT_OUTPUT = Path("model_repository") / spec.GRAPH_ENSEMBLE / "1" / "model.onnx"
+DEFAULT_OUTPUT = Path("model_repository") / embedding.GRAPH_ENSEMBLE / "1" / "model.onnx"
 
 
 def vocabulary() -> str:
     """The word pieces of the model's tokenizer.json, one per line in id order (vocab.txt)."""
-    model = json.loads(spec.read_member("tokenizer.json"))["model"]
+    model = json.loads(minilm_weights.read_member("tokenizer.json"))["model"]
     by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise ValueError("tokenizer.json: word-piece ids are not 0..n-1")
@@ -58,10 +58,10 @@ def _loop_body() -> onnx.GraphProto:
             vocab_file=vocabulary(),
             do_lower_case=1,
             strip_accents=1,
-            max_length=spec.MAX_TOKENS,
+            max_length=embedding.MAX_TOKENS,
         ),
         helper.make_node("Shape", ["ids"], ["count"]),
-        _const("max_tokens", [spec.MAX_TOKENS]),
+        _const("max_tokens", [embedding.MAX_TOKENS]),
         helper.make_node("Sub", ["max_tokens", "count"], ["missing"]),
         helper.make_node("Concat", ["axis0", "missing"], ["pads"], axis=0),
         helper.make_node("Pad", ["ids", "pads"], ["ids_row"]),
@@ -77,8 +77,8 @@ def _loop_body() -> onnx.GraphProto:
         ],
         [
             helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("ids_row", TensorProto.INT64, [spec.MAX_TOKENS]),
-            helper.make_tensor_value_info("mask_row", TensorProto.INT64, [spec.MAX_TOKENS]),
+            helper.make_tensor_value_info("ids_row", TensorProto.INT64, [embedding.MAX_TOKENS]),
+            helper.make_tensor_value_info("mask_row", TensorProto.INT64, [embedding.MAX_TOKENS]),
         ],
     )
 
@@ -87,7 +87,7 @@ def tokenizer_model() -> onnx.ModelProto:
     """TEXT [batch, 1] string → INPUT_IDS, ATTENTION_MASK int64 [batch, longest]."""
     nodes = [
         _const("flat", [-1]),
-        helper.make_node("Reshape", [spec.TEXT, "flat"], ["texts"]),
+        helper.make_node("Reshape", [embedding.TEXT, "flat"], ["texts"]),
         helper.make_node("Shape", ["texts"], ["batch"]),
         helper.make_node("Squeeze", ["batch"], ["trips"]),
         helper.make_node(
@@ -100,20 +100,24 @@ def tokenizer_model() -> onnx.ModelProto:
         helper.make_node("ReduceMax", ["lengths"], ["longest_scalar"], keepdims=1),
         _const("start", [0]),
         helper.make_node(
-            "Slice", ["ids_all", "start", "longest_scalar", "tokens_axis"], [spec.INPUT_IDS]
+            "Slice", ["ids_all", "start", "longest_scalar", "tokens_axis"], [embedding.INPUT_IDS]
         ),
         helper.make_node(
-            "Slice", ["mask_all", "start", "longest_scalar", "tokens_axis"], [spec.ATTENTION_MASK]
+            "Slice",
+            ["mask_all", "start", "longest_scalar", "tokens_axis"],
+            [embedding.ATTENTION_MASK],
         ),
     ]
     graph = helper.make_graph(
         nodes,
         "tokenizer",
-        [helper.make_tensor_value_info(spec.TEXT, TensorProto.STRING, ["batch", 1])],
+        [helper.make_tensor_value_info(embedding.TEXT, TensorProto.STRING, ["batch", 1])],
         [
-            helper.make_tensor_value_info(spec.INPUT_IDS, TensorProto.INT64, ["batch", "sequence"]),
             helper.make_tensor_value_info(
-                spec.ATTENTION_MASK, TensorProto.INT64, ["batch", "sequence"]
+                embedding.INPUT_IDS, TensorProto.INT64, ["batch", "sequence"]
+            ),
+            helper.make_tensor_value_info(
+                embedding.ATTENTION_MASK, TensorProto.INT64, ["batch", "sequence"]
             ),
         ],
     )
@@ -130,23 +134,28 @@ def embedding_model(encoder: Path) -> onnx.ModelProto:
     merged = compose.merge_models(
         tokenizer,
         encoder_model,
-        io_map=[(spec.INPUT_IDS, spec.INPUT_IDS), (spec.ATTENTION_MASK, spec.ATTENTION_MASK)],
+        io_map=[
+            (embedding.INPUT_IDS, embedding.INPUT_IDS),
+            (embedding.ATTENTION_MASK, embedding.ATTENTION_MASK),
+        ],
         prefix1="tokenizer/",
         prefix2="",
     )
     # merge_models prefixed the tokenizer's graph input too; the served name is TEXT.
     for graph_input in merged.graph.input:
-        if graph_input.name == f"tokenizer/{spec.TEXT}":
-            graph_input.name = spec.TEXT
+        if graph_input.name == f"tokenizer/{embedding.TEXT}":
+            graph_input.name = embedding.TEXT
     for node in merged.graph.node:
-        node.input[:] = [spec.TEXT if n == f"tokenizer/{spec.TEXT}" else n for n in node.input]
+        node.input[:] = [
+            embedding.TEXT if n == f"tokenizer/{embedding.TEXT}" else n for n in node.input
+        ]
     return merged
 
 
 def check_ids(texts: list[str], session) -> int:
     """Texts whose graph-made ids differ from ``tokenizers``' (compared without padding)."""
-    ids, mask = session.run(None, {spec.TEXT: np.array(texts, dtype=object).reshape(-1, 1)})
-    expected = spec.encode(texts)[0]
+    ids, mask = session.run(None, {embedding.TEXT: np.array(texts, dtype=object).reshape(-1, 1)})
+    expected = tokenization.encode(texts)[0]
     return sum(
         1 for row, m, want in zip(ids, mask, expected, strict=True) if list(row[m == 1]) != want
     )
@@ -173,7 +182,7 @@ def main(encoder: Path, output: Path) -> None:
         session = onnx_runner.create_session(path, intra_op_threads=2, custom_ops=True)
         got = onnx_runner.run(
             session,
-            {spec.TEXT: np.array(texts, dtype=object).reshape(-1, 1)},
-            [spec.EMBEDDING],
+            {embedding.TEXT: np.array(texts, dtype=object).reshape(-1, 1)},
+            [embedding.EMBEDDING],
         )[0]
         minilm.check_parity(minilm.onnx_embeddings(encoder, texts), got, minilm.MIN_COSINE)

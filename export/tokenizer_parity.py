@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from export import minilm, text_graph
-from pipelines import embedding as spec
-from pipelines import onnx_runner
+from pipelines import embedding, onnx_runner, padding, tokenization
 
 DOC_MODULES = [
     "argparse",
@@ -160,10 +159,10 @@ def measure(texts: list[tuple[str, str]], encoder: Path) -> dict:
     rows: dict[str, dict] = defaultdict(lambda: {"texts": 0, "identical": 0, "cosines": []})
     examples = []
     for kind, text in texts:
-        feeds = {spec.TEXT: np.array([[text]], dtype=object)}
+        feeds = {embedding.TEXT: np.array([[text]], dtype=object)}
         graph_ids, graph_mask = tokenizer.run(None, feeds)
         got = [int(i) for i in graph_ids[0][graph_mask[0] == 1]]
-        want = spec.encode([text])[0][0]
+        want = tokenization.encode([text])[0][0]
         row = rows[kind]
         row["texts"] += 1
         if got == want:
@@ -172,10 +171,10 @@ def measure(texts: list[tuple[str, str]], encoder: Path) -> dict:
         vectors = [
             onnx_runner.run(
                 session,
-                {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask},
-                [spec.EMBEDDING],
+                {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask},
+                [embedding.EMBEDDING],
             )[0][0]
-            for ids, mask in (spec.pad([want]), spec.pad([got]))
+            for ids, mask in (padding.pad([want]), padding.pad([got]))
         ]
         row["cosines"].append(float(np.dot(*vectors)))
         if len(examples) < 12:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gateway.nginx import Nginx, OpenAI, find_js_module, find_nginx
 from gateway.shaping import load_limits
-from pipelines import embedding as espec
+from pipelines import embedding
 from server import serve
 
 DEFAULT_HTTP_PORT = 8080
@@ -90,7 +90,8 @@ def banner(nginx: Nginx, limits: Path | None) -> str:
     """The gateway's lines of the launcher's banner."""
     shaping = f"token buckets of {limits}" if limits else "no token buckets"
     return (
-        f"  OpenAI   http://{nginx.http_url}/v1 (embeddings: {', '.join(espec.OPENAI_MODELS)})\n"
+        f"  OpenAI   http://{nginx.http_url}/v1 "
+        f"(embeddings: {', '.join(embedding.OPENAI_MODELS)})\n"
         f"  gateway  http://{nginx.http_url}/v2, gRPC {nginx.grpc_url} ({shaping})\n"
     )
 

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 
 from gateway import shaping
 from gateway.nginx import SERVED
-from pipelines import embedding as espec
+from pipelines import embedding
 
 __all__ = ["ShapingLogExporter", "ShapingMetrics", "count_line"]
 
@@ -47,7 +47,7 @@ _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE: offsets
 GATEWAY = "nginx"
 # The model label: a served model, an OpenAI model id, or "" (not named, refused before it
 # was read); anything else is "other", so that no client can add series by naming models.
-MODELS = frozenset((*SERVED, *espec.OPENAI_MODELS, ""))
+MODELS = frozenset((*SERVED, *embedding.OPENAI_MODELS, ""))
 OTHER = "other"
 # $limit_req_status → our outcome; DELAYED never happens with `nodelay`, and the dry-run
 # statuses only with limit_req_dry_run, which the rendered config does not use.

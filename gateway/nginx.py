@@ -45,8 +45,7 @@ from pathlib import Path
 
 from gateway.shaping import ANONYMOUS, Limit, Limits, load_limits
 from paths import REPO_ROOT
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from processes.managed import ManagedProcess
 
 __all__ = [
@@ -66,7 +65,7 @@ LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
 # One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
 SHAPING_LOG = "logs/shaping.log"
 # The models clients may call through the gateway; the others are their steps.
-SERVED = (*cspec.SERVED, *espec.SERVED)
+SERVED = (*classification.SERVED, *embedding.SERVED)
 # Inference over HTTP (the model is in the path); gRPC's is in the body (gateway/grpc.js).
 HTTP_INFER = r"^/v2/models/(?<model_name>{models})(/versions/[0-9]+)?/infer$"
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -129,10 +128,10 @@ class OpenAI:
             (OpenAI's own API takes at most 300,000 tokens a call, about 1.2 MB of English).
     """
 
-    models: tuple[tuple[str, str], ...] = tuple(espec.OPENAI_MODELS.items())
-    max_inputs: int = espec.MAX_OPENAI_INPUTS
-    chunk: int = espec.MAX_TEXTS
-    dimensions: int = espec.HIDDEN_SIZE
+    models: tuple[tuple[str, str], ...] = tuple(embedding.OPENAI_MODELS.items())
+    max_inputs: int = embedding.MAX_OPENAI_INPUTS
+    chunk: int = embedding.MAX_TEXTS
+    dimensions: int = embedding.HIDDEN_SIZE
     max_body: str = "4m"
 
 

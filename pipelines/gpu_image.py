@@ -18,8 +18,7 @@ from functools import cache
 import torch
 from PIL import Image
 
-from pipelines import classification as spec
-from pipelines import image
+from pipelines import classification, image
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ def gpu_decodable(data: bytes) -> bool:
     )
 
 
-def crop_resize(chw: torch.Tensor, size: int = spec.IMAGE_SIZE) -> torch.Tensor:
+def crop_resize(chw: torch.Tensor, size: int = classification.IMAGE_SIZE) -> torch.Tensor:
     """uint8 [3, H, W] → the central ``CROP_FRACTION`` square resized to [size, size, 3] uint8.
 
     The same crop as ``image.center_crop_resize``; bicubic with antialiasing, as Pillow does
@@ -75,7 +74,12 @@ def preprocess_batch(
     decode = _decode_jpeg() if device != "cpu" else None
     on_gpu = [i for i, data in enumerate(images) if decode and gpu_decodable(data)]
     rgb = torch.zeros(
-        (len(images), spec.IMAGE_SIZE, spec.IMAGE_SIZE, spec.CHANNELS),
+        (
+            len(images),
+            classification.IMAGE_SIZE,
+            classification.IMAGE_SIZE,
+            classification.CHANNELS,
+        ),
         dtype=torch.uint8,
         device=device,
     )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from pipelines import classification as spec
+from pipelines import classification
 
 # The formats the service takes (docs/models.md#bad-input), and the only ones Pillow may try:
 # its other plugins include EPS (which runs Ghostscript), PSD, and TIFF with its many codecs.
@@ -25,7 +25,7 @@ FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")
 MAX_PIXELS = 64_000_000
 MAX_REQUEST_PIXELS = 128_000_000
 # Decode JPEGs no smaller than the side the crop needs, so the DCT shortcut never upsamples.
-DECODE_MIN_SIDE = math.ceil(spec.IMAGE_SIZE / spec.CROP_FRACTION)
+DECODE_MIN_SIDE = math.ceil(classification.IMAGE_SIZE / classification.CROP_FRACTION)
 
 
 class ImageError(ValueError):
@@ -151,11 +151,11 @@ def crop_box(width: int, height: int) -> tuple[int, int, int]:
     Whole pixels, as the reference EfficientNet evaluation crops, so that the GPU path
     (pipelines.gpu_image) crops exactly the same pixels.
     """
-    side = int(spec.CROP_FRACTION * min(width, height))
+    side = int(classification.CROP_FRACTION * min(width, height))
     return (width - side) // 2, (height - side) // 2, side
 
 
-def center_crop_resize(img: Image.Image, size: int = spec.IMAGE_SIZE) -> np.ndarray:
+def center_crop_resize(img: Image.Image, size: int = classification.IMAGE_SIZE) -> np.ndarray:
     """Crop the central square (``crop_box``) and resize it (bicubic).
 
     Returns:
@@ -186,7 +186,15 @@ def rgb_batch(images: Sequence[bytes]) -> tuple[np.ndarray, list[ImageError | No
         (rgb uint8 [n, 224, 224, 3], errors): ``errors[i]`` is None when image i succeeded;
         a failed image leaves zeros in its slot so that the others are unaffected.
     """
-    rgb = np.zeros((len(images), spec.IMAGE_SIZE, spec.IMAGE_SIZE, spec.CHANNELS), np.uint8)
+    rgb = np.zeros(
+        (
+            len(images),
+            classification.IMAGE_SIZE,
+            classification.IMAGE_SIZE,
+            classification.CHANNELS,
+        ),
+        np.uint8,
+    )
     errors: list[ImageError | None] = []
     for i, data in enumerate(images):
         try:

@@ -8,10 +8,10 @@ import pytest
 
 from export import samples
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
+from pipelines import classification
 from server import Server, ServerConfig
 
-CLASSIFIER_ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
+CLASSIFIER_ONNX = MODEL_REPOSITORY / classification.CLASSIFIER / "1" / "model.onnx"
 ENCODER_ONNX = tuple(MODEL_REPOSITORY / "encoder" / v / "model.onnx" for v in ("1", "2"))
 
 

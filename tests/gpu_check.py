@@ -409,8 +409,7 @@ def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
     """The raw model and the whole pipeline in this process; returns top-1 per photo."""
     import torch
 
-    from pipelines import classification as spec
-    from pipelines import efficientnet_lite, gpu_image
+    from pipelines import classification, efficientnet_lite, gpu_image, imagenet
 
     dtype = torch.float16 if device != "cpu" else torch.float32
     model = efficientnet_lite.load_pretrained().to(device, dtype)
@@ -434,7 +433,7 @@ def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
 
     def pipeline():
         batch, _ = gpu_image.preprocess_batch(jpegs, device)
-        spec.top_k(forward(batch).cpu().numpy(), spec.DEFAULT_TOP_K)
+        imagenet.top_k(forward(batch).cpu().numpy(), classification.DEFAULT_TOP_K)
 
     report.raw_pipeline = round(timed(pipeline, len(jpegs), plan.raw_seconds, sync), 1)
     return forward(pixels).argmax(1).cpu().tolist()
@@ -451,7 +450,7 @@ def perf_input(photos: list[bytes], directory: Path) -> Path:
 
 def server_config(**overrides):
     """``classify`` alone, with the gpu-local configs, on free loopback ports."""
-    from pipelines import classification as spec
+    from pipelines import classification
     from server import ServerConfig
 
     return ServerConfig(
@@ -459,7 +458,7 @@ def server_config(**overrides):
         grpc_port=0,
         metrics_port=0,
         model_config_name="gpu-local",
-        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"],
+        extra_args=["--model-control-mode=explicit", f"--load-model={classification.ENSEMBLE}"],
         **overrides,
     )
 
@@ -470,7 +469,7 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
 
     from bench.harness import perf_analyzer, stats
     from client.classify import ClassifyClient
-    from pipelines import classification as spec
+    from pipelines import classification
     from server import Server
 
     config = server_config(cache_bytes=0)
@@ -488,8 +487,8 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
                 report.notes.append(f"stopped before concurrency {level}: time budget spent")
                 break
             run = perf_analyzer.Run(
-                model=spec.ENSEMBLE, url=server.grpc_url, protocol="grpc", levels=(level,),
-                input_data=data, measurement_ms=plan.measurement_ms,
+                model=classification.ENSEMBLE, url=server.grpc_url, protocol="grpc",
+                levels=(level,), input_data=data, measurement_ms=plan.measurement_ms,
                 stability_percent=plan.stability_percent, extra=list(plan.perf_extra),
             )  # fmt: skip
             before = stats.snapshot(grpc, STEPS, as_json=True)

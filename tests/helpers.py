@@ -199,18 +199,17 @@ def limits_with_secret_keys(path: Path) -> Path:
 def encoder_alone(encoder_path: Path) -> Callable[[list[str]], np.ndarray]:
     """``embed(texts)``: each text's vector from the exported encoder run in this process, one
     text at a time with no padding: a reference that no server, batcher or cache has touched."""
-    from pipelines import embedding as spec
-    from pipelines import onnx_runner
+    from pipelines import embedding, onnx_runner, padding, tokenization
 
     session = onnx_runner.create_session(encoder_path)
 
     def embed(texts: list[str]) -> np.ndarray:
         out = []
         for text in texts:
-            tokens, _ = spec.encode([text])
-            ids, mask = spec.pad(tokens, len(tokens[0]))
-            feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-            out.append(onnx_runner.run(session, feeds, [spec.EMBEDDING])[0][0])
+            tokens, _ = tokenization.encode([text])
+            ids, mask = padding.pad(tokens, len(tokens[0]))
+            feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+            out.append(onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0][0])
         return np.stack(out)
 
     return embed

@@ -42,8 +42,7 @@ import model_config
 from bench.harness import affinity, inputs, tool_env
 from bench.harness import perf_analyzer as pa
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from server.launcher import Server, ServerConfig
 from tune import search
 
@@ -94,20 +93,35 @@ class Target:
 TARGETS = {
     t.name: t
     for t in (
-        Target(cspec.CLASSIFIER, (cspec.CLASSIFIER,), (cspec.CLASSIFIER,)),
-        Target(espec.ENCODER, (espec.ENCODER,), (espec.ENCODER,)),
         Target(
-            cspec.ENSEMBLE,
-            (cspec.ENSEMBLE,),
-            (cspec.ENSEMBLE, cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS),
-            composing=(cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS),
+            classification.CLASSIFIER, (classification.CLASSIFIER,), (classification.CLASSIFIER,)
+        ),
+        Target(embedding.ENCODER, (embedding.ENCODER,), (embedding.ENCODER,)),
+        Target(
+            classification.ENSEMBLE,
+            (classification.ENSEMBLE,),
+            (
+                classification.ENSEMBLE,
+                classification.PREPROCESS,
+                classification.CLASSIFIER,
+                classification.POSTPROCESS,
+            ),
+            composing=(
+                classification.PREPROCESS,
+                classification.CLASSIFIER,
+                classification.POSTPROCESS,
+            ),
         ),
         # One server that both services share: the two models that do their work.
-        Target("shared", (cspec.CLASSIFIER, espec.ENCODER), (cspec.CLASSIFIER, espec.ENCODER)),
+        Target(
+            "shared",
+            (classification.CLASSIFIER, embedding.ENCODER),
+            (classification.CLASSIFIER, embedding.ENCODER),
+        ),
     )
 }
 # The encoder version both tools tune: fp32 (version 1), what embed serves.
-VERSIONS = {espec.ENCODER: "1"}
+VERSIONS = {embedding.ENCODER: "1"}
 
 
 def target(name: str) -> Target:
@@ -190,8 +204,10 @@ def input_data(model: str, dest: Path) -> Path:
     """perf_analyzer's inputs for ``model``: real photos, pixels or token ids."""
     from bench.harness.reference import ReferenceClassifier
 
-    onnx = MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx"
-    return inputs.write(model, dest, None if model == espec.ENCODER else ReferenceClassifier(onnx))
+    onnx = MODEL_REPOSITORY / classification.CLASSIFIER / "1" / "model.onnx"
+    return inputs.write(
+        model, dest, None if model == embedding.ENCODER else ReferenceClassifier(onnx)
+    )
 
 
 def profile_config(

@@ -32,8 +32,7 @@ from pathlib import Path
 
 import model_config
 from bench.harness import perf_analyzer, variants
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 
 log = logging.getLogger(__name__)
 
@@ -361,10 +360,10 @@ def tuned_models(model: str) -> tuple[str, ...]:
     shared server, the model of each service that does its work.
     """
     targets = {
-        SHARED: (spec.CLASSIFIER, embedding.ENCODER),
-        spec.CLASSIFIER: (spec.CLASSIFIER,),
+        SHARED: (classification.CLASSIFIER, embedding.ENCODER),
+        classification.CLASSIFIER: (classification.CLASSIFIER,),
         embedding.ENCODER: (embedding.ENCODER,),
-        spec.ENSEMBLE: (spec.PREPROCESS, spec.CLASSIFIER),
+        classification.ENSEMBLE: (classification.PREPROCESS, classification.CLASSIFIER),
         embedding.ENSEMBLE: (embedding.ENCODER,),
     }
     if model not in targets:
@@ -386,9 +385,9 @@ def serves_tuned_steps(model: str, repository: Path, config_name: str | None) ->
 # The raw curve (bench.harness.raw) that predicts each target's capacity: the encoder's is embed's
 # (tokenizing is a few per cent of it).
 RAW_KIND = {
-    spec.CLASSIFIER: "model",
+    classification.CLASSIFIER: "model",
     embedding.ENCODER: "embed",
-    spec.ENSEMBLE: "pipeline",
+    classification.ENSEMBLE: "pipeline",
     embedding.ENSEMBLE: "embed",
 }
 # What can be tuned: a model or ensemble (a raw curve predicts it), or the shared server.
@@ -408,7 +407,7 @@ def steps_of(model: str) -> tuple[str, ...]:
     Another tool's pick may change more of them than this tuner does: Model Analyzer's changes
     classify's postprocess too.
     """
-    return variants.STEPS if model == spec.ENSEMBLE else tuned_models(model)
+    return variants.STEPS if model == classification.ENSEMBLE else tuned_models(model)
 
 
 def variant_for(pick: Candidate | Pick, model: str, cores: int) -> variants.Variant:

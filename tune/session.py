@@ -17,8 +17,7 @@ from bench.harness import inputs, perf_analyzer
 from bench.harness.plan import ONNX, Plan
 from bench.harness.servers import TritonUnderTest, measure_raw, server_config
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 from tune import search
 
 Progress = Callable[[str], None]
@@ -28,7 +27,7 @@ Progress = Callable[[str], None]
 # by side", where the two searches were compared on every target).
 OURS, MODEL_ANALYZER = "the tuner", "Model Analyzer"
 SEARCH = dict.fromkeys(search.TARGETS, OURS) | {
-    spec.CLASSIFIER: MODEL_ANALYZER,
+    classification.CLASSIFIER: MODEL_ANALYZER,
     embedding.ENCODER: MODEL_ANALYZER,
 }
 

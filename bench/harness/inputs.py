@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from export import samples, text_samples
-from pipelines import classification as spec
-from pipelines import embedding, image
+from pipelines import classification, embedding, image, padding
 
 # The embedding service's traffic: short queries, each its own request.
 EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")  # ensembles with a response cache
@@ -41,7 +40,7 @@ def _tensor(array: np.ndarray) -> dict:
 
 def image_entries(photos: list[bytes]) -> list[dict]:
     """One ``IMAGE`` request per encoded photo (classify and preprocess inputs)."""
-    return [{spec.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
+    return [{classification.IMAGE: {"b64": _string_element(p), "shape": [1]}} for p in photos]
 
 
 def entries(model: str, reference=None) -> list[dict]:
@@ -58,21 +57,21 @@ def entries(model: str, reference=None) -> list[dict]:
         # Token ids as tokenize hands them on: each sentence padded to its length bucket.
         out = []
         for text in text_samples.SENTENCES:
-            ids, mask = embedding.tokenize([text])
+            ids, mask = padding.tokenize([text])
             out.append(
                 {embedding.INPUT_IDS: _tensor(ids[0]), embedding.ATTENTION_MASK: _tensor(mask[0])}
             )
         return out
     photos = [samples.photo_bytes(name) for name in samples.PHOTOS]
-    if model in (spec.ENSEMBLE, spec.FUSED, spec.PREPROCESS):
+    if model in (classification.ENSEMBLE, classification.FUSED, classification.PREPROCESS):
         return image_entries(photos)
     pixels, _ = image.preprocess_batch(photos)
-    if model == spec.CLASSIFIER:
-        return [{spec.PIXELS: _tensor(px)} for px in pixels]
-    if model == spec.POSTPROCESS:
+    if model == classification.CLASSIFIER:
+        return [{classification.PIXELS: _tensor(px)} for px in pixels]
+    if model == classification.POSTPROCESS:
         if reference is None:
             raise ValueError("postprocess inputs need a reference classifier for real logits")
-        return [{spec.LOGITS: _tensor(row)} for row in reference.logits(pixels)]
+        return [{classification.LOGITS: _tensor(row)} for row in reference.logits(pixels)]
     raise KeyError(f"no perf inputs for model {model!r}")
 
 
@@ -83,11 +82,11 @@ def repeated_text() -> list[dict]:
 
 def json_entries(model: str) -> list[dict]:
     """Entries with plain JSON numbers (``--input-tensor-format json`` and the peer server)."""
-    if model != spec.CLASSIFIER:
+    if model != classification.CLASSIFIER:
         raise KeyError("JSON payloads are made for the classifier only")
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in samples.PHOTOS])
     return [
-        {spec.PIXELS: {"content": px.reshape(-1).tolist(), "shape": list(px.shape)}}
+        {classification.PIXELS: {"content": px.reshape(-1).tolist(), "shape": list(px.shape)}}
         for px in pixels
     ]
 

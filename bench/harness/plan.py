@@ -9,14 +9,13 @@ import model_config
 from bench.harness import inputs, variants
 from bench.peers import infinity
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 
-ONNX = MODEL_REPOSITORY / spec.CLASSIFIER / "1" / "model.onnx"
+ONNX = MODEL_REPOSITORY / classification.CLASSIFIER / "1" / "model.onnx"
 
 
 # The image service's models: the ensemble, its steps, and the same pipeline in one step.
-MODELS = (spec.ENSEMBLE, *variants.STEPS, spec.FUSED)
+MODELS = (classification.ENSEMBLE, *variants.STEPS, classification.FUSED)
 
 
 EMBED_MODELS = inputs.EMBED_MODELS
@@ -55,8 +54,8 @@ MIXED_WINDOW_REQUESTS = 64
 
 
 # Traced (bench/harness/trace.py): the ensemble at 1 and at saturation, the one-step variant at 1.
-TRACED = [(spec.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)] + [
-    (spec.FUSED, p, 1) for p in ("grpc", "http")
+TRACED = [(classification.ENSEMBLE, p, level) for p in ("grpc", "http") for level in (1, 16)] + [
+    (classification.FUSED, p, 1) for p in ("grpc", "http")
 ]
 
 
@@ -115,7 +114,7 @@ def classify_served() -> dict[tuple[str, str, str], list[int]]:
     """
     return {
         (model, protocol, "binary"): levels
-        for model in (spec.ENSEMBLE, spec.FUSED)
+        for model in (classification.ENSEMBLE, classification.FUSED)
         for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
     }
 
@@ -200,13 +199,13 @@ class Plan:
             rounds=2,
             main={
                 **classify_served(),
-                (spec.CLASSIFIER, "grpc", "binary"): [1, 16],
-                (spec.CLASSIFIER, "http", "binary"): [16],
+                (classification.CLASSIFIER, "grpc", "binary"): [1, 16],
+                (classification.CLASSIFIER, "http", "binary"): [16],
                 # 150k floats of JSON per image: perf_analyzer itself is the ceiling here (the
                 # report's load-generator headroom rows, docs/perf/2026-12-03/report.md).
-                (spec.CLASSIFIER, "http", "json"): [16],
-                (spec.PREPROCESS, "grpc", "binary"): [16],
-                (spec.POSTPROCESS, "grpc", "binary"): [16],
+                (classification.CLASSIFIER, "http", "json"): [16],
+                (classification.PREPROCESS, "grpc", "binary"): [16],
+                (classification.POSTPROCESS, "grpc", "binary"): [16],
                 (embedding.ENSEMBLE, "grpc", "binary"): [1, 16],
                 # The peer's payload, at the levels the embedding targets name.
                 (embedding.ENSEMBLE, "http", "json"): [1, 8, 16, 32],
@@ -217,14 +216,17 @@ class Plan:
                 (embedding.GRAPH_ENSEMBLE, "http", "json"): [1, 8, 32],
             },
             others={
-                "no-batching": [(spec.ENSEMBLE, "grpc", [16]), (spec.CLASSIFIER, "grpc", [16])],
-                "instances-2": [(spec.ENSEMBLE, "grpc", [16])],
+                "no-batching": [
+                    (classification.ENSEMBLE, "grpc", [16]),
+                    (classification.CLASSIFIER, "grpc", [16]),
+                ],
+                "instances-2": [(classification.ENSEMBLE, "grpc", [16])],
             },
             rate_fractions=[0.5, 0.9],
-            rate_targets=[(spec.ENSEMBLE, "grpc")],
+            rate_targets=[(classification.ENSEMBLE, "grpc")],
             peer_levels={
-                spec.CLASSIFIER: {"binary": [16], "json": [16]},
-                spec.ENSEMBLE: {"binary": [8, 32]},  # the whole pipeline, JPEG to top-k
+                classification.CLASSIFIER: {"binary": [16], "json": [16]},
+                classification.ENSEMBLE: {"binary": [8, 32]},  # the whole pipeline, JPEG to top-k
                 embedding.ENSEMBLE: {"json": [1, 8, 32]},
             },
             null_levels=[16],
@@ -291,7 +293,7 @@ class Plan:
             others={},
             rate_fractions=[],
             rate_targets=[],
-            peer_levels={spec.ENSEMBLE: {"binary": [8, 32]}},
+            peer_levels={classification.ENSEMBLE: {"binary": [8, 32]}},
             null_levels=[],
             null_payloads=(),
             cache_levels=[],
@@ -306,7 +308,7 @@ class Plan:
         """Everything: all models, protocols and variants over a wide sweep, three rounds."""
         levels = [1, 2, 4, 8, 16, 32]
         main = {(m, p, "binary"): levels for m in MODELS + TEXT_MODELS for p in ("grpc", "http")}
-        main[(spec.CLASSIFIER, "http", "json")] = levels
+        main[(classification.CLASSIFIER, "http", "json")] = levels
         main[(embedding.ENSEMBLE, "http", "json")] = levels
         main[(embedding.GRAPH_ENSEMBLE, "http", "json")] = levels
         return cls(
@@ -315,18 +317,20 @@ class Plan:
             others={
                 name: [
                     (m, p, levels)
-                    for m in (spec.ENSEMBLE, spec.CLASSIFIER)
+                    for m in (classification.ENSEMBLE, classification.CLASSIFIER)
                     for p in ("grpc", "http")
                 ]
                 for name in ("no-batching", "instances-2")
             },
             rate_fractions=[0.25, 0.5, 0.75, 0.9, 1.0],
             rate_targets=[
-                (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
+                (m, p)
+                for m in (classification.ENSEMBLE, classification.CLASSIFIER)
+                for p in ("grpc", "http")
             ],
             peer_levels={
-                spec.CLASSIFIER: {"binary": levels, "json": levels},
-                spec.ENSEMBLE: {"binary": levels},
+                classification.CLASSIFIER: {"binary": levels, "json": levels},
+                classification.ENSEMBLE: {"binary": levels},
                 embedding.ENSEMBLE: {"binary": levels, "json": levels},
             },
             null_levels=[1, 16, 32],

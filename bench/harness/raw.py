@@ -17,8 +17,7 @@ import numpy as np
 
 from bench.harness.reference import ReferenceClassifier
 from export import samples
-from pipelines import classification as spec
-from pipelines import image
+from pipelines import classification, embedding, image, imagenet, padding, tokenization
 
 
 def throughput(
@@ -62,10 +61,10 @@ def pipeline_curve(
 # The classify pipeline's stages, in the order it runs them, and those each served step runs.
 STAGES = ("decode", "crop and resize", "to NCHW", "model", "top-k and labels")
 STEP_STAGES = {
-    spec.PREPROCESS: STAGES[:3],
-    spec.CLASSIFIER: STAGES[3:4],
-    spec.POSTPROCESS: STAGES[4:],
-    spec.FUSED: STAGES,
+    classification.PREPROCESS: STAGES[:3],
+    classification.CLASSIFIER: STAGES[3:4],
+    classification.POSTPROCESS: STAGES[4:],
+    classification.FUSED: STAGES,
 }
 STAGE_KIND = "stage:"  # raw curves "stage:<name>" hold one stage's images/s at batch 1
 
@@ -90,7 +89,7 @@ def stage_times(reference: ReferenceClassifier, seconds: float) -> dict[str, flo
         t3 = time.perf_counter()
         logits = reference.logits(pixels)
         t4 = time.perf_counter()
-        spec.label_names(spec.top_k(logits, spec.DEFAULT_TOP_K)[0])
+        imagenet.label_names(imagenet.top_k(logits, classification.DEFAULT_TOP_K)[0])
         t5 = time.perf_counter()
         done += 1
         if done > len(photos):  # the first pass over the photos warms up
@@ -124,15 +123,15 @@ def embed_curve(
     Short queries (the sample sentences), padded to the longest of each batch.
     """
     from export import text_samples
-    from pipelines import embedding, onnx_runner
+    from pipelines import onnx_runner
 
     session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
     texts = list(text_samples.SENTENCES)
 
     def step(batch: list[str]) -> None:
-        tokens, _ = embedding.encode(batch)
+        tokens, _ = tokenization.encode(batch)
         # To the batch's longest text, not to a tokenizer bucket: what a plain batcher runs.
-        ids, mask = embedding.pad(tokens, max(map(len, tokens)))
+        ids, mask = padding.pad(tokens, max(map(len, tokens)))
         feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
         onnx_runner.run(session, feeds, [embedding.EMBEDDING])
 
@@ -145,7 +144,7 @@ def embed_curve(
 
 def _encoder(onnx_path: Path, threads: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """(ids, mask) → embeddings: the encoder graph on one onnxruntime session."""
-    from pipelines import embedding, onnx_runner
+    from pipelines import onnx_runner
 
     session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
 
@@ -163,23 +162,23 @@ def mixed_curves(
 
     Consecutive texts form each batch (tokenized in the measured step, as a server does), which
     is then run (a) as one run padded to its longest text, as a plain batcher does
-    ("mixed_padded"), or (b) sorted into sub-batches by ``pipelines.embedding.encode_sorted``
+    ("mixed_padded"), or (b) sorted into sub-batches by ``pipelines.padding.encode_sorted``
     ("mixed_sorted"). Texts/s of each, and padded ÷ real token positions over all the batches
     of ``texts`` ("mixed_padded_ratio", "mixed_sorted_ratio").
     """
-    from pipelines import embedding
+    from pipelines import padding, tokenization
 
     encoder = _encoder(onnx_path, threads)
 
     def padded_run(tokens: list[list[int]]) -> int:
-        ids, mask = embedding.pad(tokens, max(map(len, tokens)))
+        ids, mask = padding.pad(tokens, max(map(len, tokens)))
         encoder(ids, mask)
         return ids.size
 
     def sorted_run(tokens: list[list[int]]) -> int:
-        return embedding.encode_sorted(encoder, tokens)[1]
+        return padding.encode_sorted(encoder, tokens)[1]
 
-    all_tokens, _ = embedding.encode(list(texts))
+    all_tokens, _ = tokenization.encode(list(texts))
     padded_run(all_tokens[:8])  # the first run allocates and plans
     out: dict[str, dict[int, float]] = {}
     for name, run in (("mixed_padded", padded_run), ("mixed_sorted", sorted_run)):
@@ -189,7 +188,7 @@ def mixed_curves(
             position = iter(range(10**9))
 
             def step(batches=batches, position=position, run=run) -> None:
-                tokens, _ = embedding.encode(batches[next(position) % len(batches)])
+                tokens, _ = tokenization.encode(batches[next(position) % len(batches)])
                 run(tokens)
 
             # One padded batch of passages takes seconds: warmed up once (above), not per size.
@@ -202,12 +201,12 @@ def mixed_curves(
 
 def _positions(name: str, tokens: list[list[int]]) -> int:
     """Token positions one batch feeds the encoder, padding included, batched as ``name``."""
-    from pipelines import embedding
+    from pipelines import padding
 
     if name == "mixed_padded":
         return len(tokens) * max(map(len, tokens))
     lengths = [len(t) for t in tokens]
-    return sum(len(run) * lengths[run[-1]] for run in embedding.sub_batches(lengths))
+    return sum(len(run) * lengths[run[-1]] for run in padding.sub_batches(lengths))
 
 
 def main(argv: list[str] | None = None) -> int:

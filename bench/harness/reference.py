@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import classification as spec
-from pipelines import image, onnx_runner
+from pipelines import classification, image, imagenet, onnx_runner
 
 
 class ReferenceClassifier:
@@ -22,10 +21,12 @@ class ReferenceClassifier:
 
     def logits(self, pixels: np.ndarray) -> np.ndarray:
         """Raw classifier output for a preprocessed batch."""
-        return onnx_runner.run(self.session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
+        return onnx_runner.run(
+            self.session, {classification.PIXELS: pixels}, [classification.LOGITS]
+        )[0]
 
     def classify(
-        self, images: Sequence[bytes], top_k: int = spec.DEFAULT_TOP_K
+        self, images: Sequence[bytes], top_k: int = classification.DEFAULT_TOP_K
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(labels bytes [n, k], scores [n, k], class ids [n, k]) for encoded images.
 
@@ -36,5 +37,5 @@ class ReferenceClassifier:
         for err in errors:
             if err is not None:
                 raise err
-        ids, scores = spec.top_k(self.logits(pixels), top_k)
-        return spec.label_names(ids), scores, ids
+        ids, scores = imagenet.top_k(self.logits(pixels), top_k)
+        return imagenet.label_names(ids), scores, ids

@@ -43,8 +43,7 @@ from bench.harness.servers import (
 )
 from bench.peers import infinity
 from export import text_samples
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 
 
 def _token_counter(
@@ -94,7 +93,7 @@ class Row:
             d = self.deltas.get(model)
             out[f"{model}_avg_batch"] = round(d.avg_batch, 3) if d else ""
             out[f"{model}_request_ms"] = round(d.request_ms, 4) if d else ""
-        classifier = self.deltas.get(spec.CLASSIFIER)
+        classifier = self.deltas.get(classification.CLASSIFIER)
         out["classifier_batch_histogram"] = (
             json.dumps(classifier.batch_histogram) if classifier else ""
         )
@@ -232,7 +231,9 @@ class Runner:
         reference = ReferenceClassifier(ONNX)
         data = {m: inputs.write(m, data_dir, reference) for m in MODELS + TEXT_MODELS}
         json_data = {
-            spec.CLASSIFIER: inputs.write(spec.CLASSIFIER, data_dir, as_json=True),
+            classification.CLASSIFIER: inputs.write(
+                classification.CLASSIFIER, data_dir, as_json=True
+            ),
             # Texts: one file for both formats.
             **{m: data[m] for m in TEXT_MODELS},
         }

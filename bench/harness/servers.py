@@ -22,8 +22,7 @@ from bench.harness import affinity, stats, trace, variants
 from bench.harness.plan import EMBED, EMBED_MODELS, ENCODERS, ONNX, Plan, padding_step, stats_models
 from bench.harness.raw import STAGE_KIND
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 from server import Server, ServerConfig
 from server.launcher import find_installation
 from server.stubs import stub_model
@@ -107,7 +106,7 @@ def measure_stages(cpus: list[int], seconds: float) -> dict[str, float]:
 
 # The cases whose ratios to the raw pipeline (and to each other, through it) are targets: each is
 # measured between two readings of the raw pipeline on the same core, seconds apart.
-REFERENCED = (spec.ENSEMBLE, spec.FUSED)
+REFERENCED = (classification.ENSEMBLE, classification.FUSED)
 
 
 REFERENCE_BATCHES = (1, 4)  # batch 1 for concurrency 1; 4, the best batch here, for saturation
@@ -290,9 +289,9 @@ class TritonUnderTest:
         variants.without_text_cache(self.client, MODEL_REPOSITORY, name, admin)
         # embed's ensembles pull in their steps (as configured, or as the variant loaded them).
         variants.set_response_cache(self.client, EMBED_MODELS, cache, MODEL_REPOSITORY, name, admin)
-        if spec.ENSEMBLE not in variant.ensembles:
-            self.client.load_model(spec.ENSEMBLE, headers=admin)
-        self.client.load_model(spec.FUSED, headers=admin)
+        if classification.ENSEMBLE not in variant.ensembles:
+            self.client.load_model(classification.ENSEMBLE, headers=admin)
+        self.client.load_model(classification.FUSED, headers=admin)
         self.client.load_model(embedding.GRAPH_ENSEMBLE, headers=admin)
 
     def statistics(self) -> dict[str, dict]:

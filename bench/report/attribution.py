@@ -24,9 +24,9 @@ from pathlib import Path
 
 from bench.harness import trace
 from bench.harness.raw import STEP_STAGES
-from pipelines import classification as spec
+from pipelines import classification
 
-ENS = spec.ENSEMBLE
+ENS = classification.ENSEMBLE
 PROTOCOLS = ("grpc", "http")
 SATURATION = 16  # the traced level that keeps the core busy (and the untraced rows beside it)
 # The kind of a step's compute beyond its raw stages: its own colour in the plot.

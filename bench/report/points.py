@@ -7,13 +7,17 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 
-ENS, CLS, PRE, POST = spec.ENSEMBLE, spec.CLASSIFIER, spec.PREPROCESS, spec.POSTPROCESS
+ENS, CLS, PRE, POST = (
+    classification.ENSEMBLE,
+    classification.CLASSIFIER,
+    classification.PREPROCESS,
+    classification.POSTPROCESS,
+)
 
 
-FUSED = spec.FUSED
+FUSED = classification.FUSED
 
 
 EMB, EMB8, GRAPH = embedding.ENSEMBLE, "embed_int8", embedding.GRAPH_ENSEMBLE

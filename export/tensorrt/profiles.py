@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipelines import classification, embedding
+from pipelines import classification, embedding, padding, tokenization
 
 DEFAULT_WORKSPACE_MIB = 4096
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -94,9 +94,9 @@ def sequence_range() -> tuple[int, int, int]:
     ``opt`` is the bucket a typical short sentence lands in (the sample sentences' median),
     which is the shape most requests have.
     """
-    lengths = sorted(len(ids) for ids in embedding.encode(list(_typical_texts()))[0])
-    typical = embedding.bucket_length(lengths[len(lengths) // 2])
-    return embedding.BUCKETS[0], typical, embedding.MAX_TOKENS
+    lengths = sorted(len(ids) for ids in tokenization.encode(list(_typical_texts()))[0])
+    typical = padding.bucket_length(lengths[len(lengths) // 2])
+    return padding.BUCKETS[0], typical, embedding.MAX_TOKENS
 
 
 def _typical_texts() -> Sequence[str]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from export.tensorrt.builder import deserialize, read_engine
 from export.tensorrt.profiles import Recipe
-from pipelines import classification, embedding
+from pipelines import classification, embedding, padding
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def parity(recipe: Recipe, repository: Path, plan: Path):
     if recipe.model == embedding.ENCODER:
         from export.minilm import parity_texts
 
-        ids, mask = embedding.tokenize(parity_texts())
+        ids, mask = padding.tokenize(parity_texts())
         feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
         names = [embedding.EMBEDDING]
     else:

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import classification as spec
-from pipelines import image, onnx_runner
+from pipelines import classification, image, imagenet, onnx_runner
 from pipelines.backend import batching as bk
 from pipelines.backend import metrics, torch_io
 
@@ -31,7 +30,7 @@ def read_images(request, failures: metrics.PreprocessMetrics) -> list[bytes]:
     one request may decode (``image.MAX_REQUEST_PIXELS``).
     """
     try:
-        items = bk.inputs(request, [spec.IMAGE])[spec.IMAGE].reshape(-1)
+        items = bk.inputs(request, [classification.IMAGE])[classification.IMAGE].reshape(-1)
     except bk.RequestError:
         failures.failed(["no images in the request"])
         raise
@@ -39,7 +38,7 @@ def read_images(request, failures: metrics.PreprocessMetrics) -> list[bytes]:
     total = sum(map(image.pixels_of, images))
     if total > image.MAX_REQUEST_PIXELS:
         problem = (
-            f"images too large: {spec.IMAGE} holds {total} pixels or more, over the "
+            f"images too large: {classification.IMAGE} holds {total} pixels or more, over the "
             f"{image.MAX_REQUEST_PIXELS} one request may decode"
         )
         failures.failed([problem])
@@ -49,15 +48,19 @@ def read_images(request, failures: metrics.PreprocessMetrics) -> list[bytes]:
 
 def read_top_k(request, default: int) -> int:
     """The request's TOP_K (one value for all its images), or ``default`` without one."""
-    ks = bk.input_array(request, spec.TOP_K)
+    ks = bk.input_array(request, classification.TOP_K)
     if ks is None:
         return default
     ks = ks.reshape(-1)
     if len(ks) == 0 or np.any(ks != ks[0]):
-        raise bk.RequestError(f"{spec.TOP_K} must be one value for the whole request, got {ks}")
+        raise bk.RequestError(
+            f"{classification.TOP_K} must be one value for the whole request, got {ks}"
+        )
     k = int(ks[0])
-    if not 1 <= k <= spec.NUM_CLASSES:
-        raise bk.RequestError(f"{spec.TOP_K} must be between 1 and {spec.NUM_CLASSES}, got {k}")
+    if not 1 <= k <= classification.NUM_CLASSES:
+        raise bk.RequestError(
+            f"{classification.TOP_K} must be between 1 and {classification.NUM_CLASSES}, got {k}"
+        )
     return k
 
 
@@ -72,7 +75,9 @@ def per_request(counts: list[int], errors: list) -> list[tuple[int, int] | bk.Re
     for start, end in spans(counts):
         bad = [(i, e) for i, e in enumerate(errors[start:end]) if e is not None]
         out.append(
-            bk.RequestError(f"{spec.IMAGE}[{bad[0][0]}]: {bad[0][1]}") if bad else (start, end)
+            bk.RequestError(f"{classification.IMAGE}[{bad[0][0]}]: {bad[0][1]}")
+            if bad
+            else (start, end)
         )
     return out
 
@@ -82,16 +87,16 @@ def respond_top_k(logits: np.ndarray, rows: list[tuple[int, int]], ks: list[int]
 
     One softmax and sort for all of them, with the largest k asked.
     """
-    ids, scores = spec.top_k(logits, max(ks))
+    ids, scores = imagenet.top_k(logits, max(ks))
     out = []
     for (start, end), k in zip(rows, ks, strict=True):
         # Rows are sorted, so the first k of the largest k are this request's top k.
         request_ids = ids[start:end, :k]
         out.append(
             {
-                spec.LABELS: spec.label_names(request_ids),
-                spec.SCORES: scores[start:end, :k],
-                spec.CLASS_IDS: request_ids,
+                classification.LABELS: imagenet.label_names(request_ids),
+                classification.SCORES: scores[start:end, :k],
+                classification.CLASS_IDS: request_ids,
             }
         )
     return out
@@ -129,7 +134,9 @@ class PreprocessModel:
         pixels, errors = self._pixels([img for images in items for img in images])
         self.metrics.batch(time.perf_counter() - started, errors)
         return [
-            rows if isinstance(rows, Exception) else {spec.PIXELS: pixels[rows[0] : rows[1]]}
+            rows
+            if isinstance(rows, Exception)
+            else {classification.PIXELS: pixels[rows[0] : rows[1]]}
             for rows in per_request([len(images) for images in items], errors)
         ]
 
@@ -151,12 +158,12 @@ class PostprocessModel:
     def initialize(self, args):
         """Read the default k; load the label table before the first request."""
         self.name = args["model_name"]
-        self.default_k = int(bk.parameters(args).get("top_k", spec.DEFAULT_TOP_K))
-        spec.label_names(np.zeros(1, dtype=np.int32))
+        self.default_k = int(bk.parameters(args).get("top_k", classification.DEFAULT_TOP_K))
+        imagenet.label_names(np.zeros(1, dtype=np.int32))
 
     def _parse(self, request) -> tuple[np.ndarray, int]:
         k = read_top_k(request, self.default_k)
-        return bk.inputs(request, [spec.LOGITS])[spec.LOGITS], k
+        return bk.inputs(request, [classification.LOGITS])[classification.LOGITS], k
 
     def _run(self, items: list[tuple[np.ndarray, int]]) -> list[dict]:
         rows = spans([len(x) for x, _ in items])
@@ -176,7 +183,7 @@ class FusedClassifyModel:
         """Open the classifier's model.onnx with this step's thread budget; load the labels."""
         self.name = args["model_name"]
         params = bk.parameters(args)
-        self.default_k = int(params.get("top_k", spec.DEFAULT_TOP_K))
+        self.default_k = int(params.get("top_k", classification.DEFAULT_TOP_K))
         # The path is relative to the repository, which is this model folder's parent.
         onnx_path = Path(args["model_repository"]).parent / params["model"]
         self.session = onnx_runner.create_session(
@@ -185,7 +192,7 @@ class FusedClassifyModel:
             inter_op_threads=int(params.get("inter_op_thread_count", "1")),
         )
         self.metrics = metrics.PreprocessMetrics(args)
-        spec.label_names(np.zeros(1, dtype=np.int32))
+        imagenet.label_names(np.zeros(1, dtype=np.int32))
 
     def finalize(self):
         """Release the metric series before the stub exits."""
@@ -207,7 +214,9 @@ class FusedClassifyModel:
         if good:
             # Only the requests whose images all decoded reach the model, in one run.
             wanted = np.concatenate([np.arange(*rows) for rows, _ in good])
-            logits = onnx_runner.run(self.session, {spec.PIXELS: pixels[wanted]}, [spec.LOGITS])[0]
+            logits = onnx_runner.run(
+                self.session, {classification.PIXELS: pixels[wanted]}, [classification.LOGITS]
+            )[0]
             rows = spans([end - start for (start, end), _ in good])
             outputs = respond_top_k(logits, rows, [k for _, k in good])
         answers = iter(outputs)

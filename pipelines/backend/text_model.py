@@ -3,7 +3,7 @@
 tokenize_encode exists for the CPU, where a second Python stub per request (tokenize, then an
 encoder stub) costs more than the batch it forms: one execute tokenizes every text of every
 request at once, sorts them by length into sub-batches of at most ``max_batch_tokens`` padded
-positions (``pipelines.embedding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
+positions (``pipelines.padding.encode_sorted``) and runs the encoder's own ``model.onnx`` on
 onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.onnx``.
 
 Where Triton serves the encoder on a native backend (TensorRT or onnxruntime, in the NGC
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import embedding as spec
-from pipelines import onnx_runner, text_cache
+from pipelines import embedding, minilm_weights, onnx_runner, padding, text_cache, tokenization
 from pipelines.backend import batching as bk
 from pipelines.backend import metrics
 
@@ -48,7 +47,7 @@ class TokenizeModel:
     def initialize(self, args):
         """Load the tokenizer before the first request; create this instance's metrics."""
         self.name = args["model_name"]
-        spec.tokenizer()
+        tokenization.tokenizer()
         self.metrics = metrics.TokenizeMetrics(args)
 
     def finalize(self):
@@ -57,22 +56,26 @@ class TokenizeModel:
 
     def _parse(self, request) -> list[str]:
         try:
-            return spec.decode_texts(bk.input_array(request, spec.TEXT))
-        except spec.TextError as exc:
+            return tokenization.decode_texts(bk.input_array(request, embedding.TEXT))
+        except tokenization.TextError as exc:
             self.metrics.failed([exc])
             raise bk.RequestError(str(exc)) from None
 
     def _run(self, items: list[list[str]]) -> list[dict]:
-        tokens, truncated = spec.encode([t for texts in items for t in texts])
+        tokens, truncated = tokenization.encode([t for texts in items for t in texts])
         outputs, start, padded = [], 0, 0
         for texts in items:
             # Each request padded to the bucket of its own longest text.
             mine = tokens[start : start + len(texts)]
-            ids, mask = spec.pad(mine)
+            ids, mask = padding.pad(mine)
             start += len(texts)
             padded += ids.size
             outputs.append(
-                {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask, spec.TOKENS: token_counts(mine)}
+                {
+                    embedding.INPUT_IDS: ids,
+                    embedding.ATTENTION_MASK: mask,
+                    embedding.TOKENS: token_counts(mine),
+                }
             )
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
         return outputs
@@ -89,10 +92,10 @@ class TokenizeEncodeModel(TokenizeModel):
         """Open the encoder of this version (its graph, or Triton's model), then the tokenizer."""
         params = bk.parameters(args)
         repository = Path(args["model_repository"]).parent
-        path = repository / spec.ENCODER / args["model_version"] / "model.onnx"
+        path = repository / embedding.ENCODER / args["model_version"] / "model.onnx"
         backend = params.get("encoder_backend", "onnxruntime")
         if backend == "triton":
-            rows = int(params.get("encoder_max_batch", str(spec.MAX_TEXTS)))
+            rows = int(params.get("encoder_max_batch", str(embedding.MAX_TEXTS)))
             self._encoder = TritonEncoder(int(args["model_version"]), rows)
             # What the model serves from: a TensorRT plan where one was built, else the graph.
             plan = path.with_name("model.plan")
@@ -105,7 +108,7 @@ class TokenizeEncodeModel(TokenizeModel):
             )
         else:
             raise ValueError(f"encoder_backend {backend!r}: onnxruntime or triton")
-        self.max_tokens = int(params.get("max_batch_tokens", spec.MAX_BATCH_TOKENS))
+        self.max_tokens = int(params.get("max_batch_tokens", padding.MAX_BATCH_TOKENS))
         super().initialize(args)
         self.cache = text_cache_for(args, params, path, backend)
         self.cache_metrics = metrics.TextCacheMetrics(args) if self.cache else None
@@ -118,8 +121,8 @@ class TokenizeEncodeModel(TokenizeModel):
 
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(vectors [n, 384], word pieces [n]) of texts, through the encoder, counted."""
-        tokens, truncated = spec.encode(texts)
-        vectors, padded = spec.encode_sorted(self._encoder, tokens, self.max_tokens)
+        tokens, truncated = tokenization.encode(texts)
+        vectors, padded = padding.encode_sorted(self._encoder, tokens, self.max_tokens)
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
         return vectors, np.array([len(t) for t in tokens], dtype=np.int32)
 
@@ -148,9 +151,12 @@ class TokenizeEncodeModel(TokenizeModel):
     def _run(self, items: list[list[str]]) -> list[dict]:
         vectors, counts = self._embed([t for texts in items for t in texts])
         sizes = [len(texts) for texts in items]
-        parts = bk.split_rows(vectors, sizes, spec.EMBEDDING)
-        counts = bk.split_rows(counts.reshape(-1, 1), sizes, spec.TOKENS)
-        return [{spec.EMBEDDING: p, spec.TOKENS: c} for p, c in zip(parts, counts, strict=True)]
+        parts = bk.split_rows(vectors, sizes, embedding.EMBEDDING)
+        counts = bk.split_rows(counts.reshape(-1, 1), sizes, embedding.TOKENS)
+        return [
+            {embedding.EMBEDDING: p, embedding.TOKENS: c}
+            for p, c in zip(parts, counts, strict=True)
+        ]
 
     def execute(self, requests):
         """Every text of every request in one tokenizer call and sorted encoder runs."""
@@ -167,8 +173,8 @@ class OnnxEncoder:
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Embeddings [n, 384] in the rows' order."""
-        feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-        return onnx_runner.run(self.session, feeds, [spec.EMBEDDING])[0]
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        return onnx_runner.run(self.session, feeds, [embedding.EMBEDDING])[0]
 
 
 class TritonEncoder:
@@ -189,18 +195,20 @@ class TritonEncoder:
         for start in range(0, len(ids), self.max_rows):
             rows = slice(start, start + self.max_rows)
             request = pb_utils.InferenceRequest(
-                model_name=spec.ENCODER,
+                model_name=embedding.ENCODER,
                 model_version=self.version,
-                requested_output_names=[spec.EMBEDDING],
+                requested_output_names=[embedding.EMBEDDING],
                 inputs=[
-                    pb_utils.Tensor(spec.INPUT_IDS, np.ascontiguousarray(ids[rows])),
-                    pb_utils.Tensor(spec.ATTENTION_MASK, np.ascontiguousarray(mask[rows])),
+                    pb_utils.Tensor(embedding.INPUT_IDS, np.ascontiguousarray(ids[rows])),
+                    pb_utils.Tensor(embedding.ATTENTION_MASK, np.ascontiguousarray(mask[rows])),
                 ],
             )
             response = request.exec()
             if response.has_error():
-                raise RuntimeError(f"{spec.ENCODER} {self.version}: {response.error().message()}")
-            tensor = pb_utils.get_output_tensor_by_name(response, spec.EMBEDDING)
+                raise RuntimeError(
+                    f"{embedding.ENCODER} {self.version}: {response.error().message()}"
+                )
+            tensor = pb_utils.get_output_tensor_by_name(response, embedding.EMBEDDING)
             if tensor.is_cpu():
                 out.append(tensor.as_numpy())
             else:  # a GPU engine's output: to the host through DLPack (torch is there)
@@ -214,7 +222,7 @@ class TextRowsModel:
     """texts_as_batch: a 1-D batch of texts [N] → embed's rows [N, 1], nothing else.
 
     The texts are checked where they are embedded; here only their count: none, or more than
-    embed takes in one request (``spec.MAX_TEXTS``), is this request's error.
+    embed takes in one request (``embedding.MAX_TEXTS``), is this request's error.
     """
 
     def initialize(self, args):
@@ -222,20 +230,23 @@ class TextRowsModel:
         self.name = args["model_name"]
 
     def _parse(self, request) -> np.ndarray:
-        texts = bk.input_array(request, spec.TEXTS)
+        texts = bk.input_array(request, embedding.TEXTS)
         if texts is None or texts.size == 0:
-            raise bk.RequestError(f"{spec.TEXTS} holds no texts: send a 1-D batch of texts")
+            raise bk.RequestError(f"{embedding.TEXTS} holds no texts: send a 1-D batch of texts")
         if texts.ndim != 1:
-            raise bk.RequestError(f"{spec.TEXTS} must be 1-D [N], got shape {list(texts.shape)}")
-        if len(texts) > spec.MAX_TEXTS:
             raise bk.RequestError(
-                f"{spec.TEXTS} has {len(texts)} texts; at most {spec.MAX_TEXTS} fit in one request"
+                f"{embedding.TEXTS} must be 1-D [N], got shape {list(texts.shape)}"
+            )
+        if len(texts) > embedding.MAX_TEXTS:
+            raise bk.RequestError(
+                f"{embedding.TEXTS} has {len(texts)} texts; "
+                f"at most {embedding.MAX_TEXTS} fit in one request"
             )
         return texts
 
     @staticmethod
     def _run(items: list[np.ndarray]) -> list[dict]:
-        return [{spec.TEXT: texts.reshape(-1, 1)} for texts in items]
+        return [{embedding.TEXT: texts.reshape(-1, 1)} for texts in items]
 
     def execute(self, requests):
         """One response per request, in order."""
@@ -265,11 +276,11 @@ def text_cache_for(
     if size <= 0:
         return None
     keyspace = text_cache.Keyspace(
-        model=spec.ENCODER,
+        model=embedding.ENCODER,
         version=args["model_version"],
         encoder_sha256=_sha256(encoder_path),
-        tokenizer_sha256=hashlib.sha256(spec.read_member("tokenizer.json")).hexdigest(),
-        max_tokens=spec.MAX_TOKENS,
+        tokenizer_sha256=hashlib.sha256(minilm_weights.read_member("tokenizer.json")).hexdigest(),
+        max_tokens=embedding.MAX_TOKENS,
         runtime=runtime,
     )
     shared = None
@@ -277,4 +288,6 @@ def text_cache_for(
     if url:
         settings = text_cache.SharedSettings.from_parameters(params)
         shared = text_cache.SharedLayer(url, **dataclasses.asdict(settings))
-    return text_cache.TextCache(keyspace, spec.HIDDEN_SIZE, text_cache.LocalLayer(size), shared)
+    return text_cache.TextCache(
+        keyspace, embedding.HIDDEN_SIZE, text_cache.LocalLayer(size), shared
+    )

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pipelines import classification as spec
-from pipelines import efficientnet_lite
+from pipelines import classification, efficientnet_lite
 from pipelines.backend import batching as bk
 from pipelines.backend import torch_io
 
@@ -31,9 +30,17 @@ class TorchClassifier:
         model = efficientnet_lite.load_pretrained(weights).to(self.device, self.dtype)
         self.model = model.to(memory_format=torch.channels_last)
         self._run(
-            torch.zeros(1, spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE, dtype=torch.uint8)
+            torch.zeros(
+                1,
+                classification.CHANNELS,
+                classification.IMAGE_SIZE,
+                classification.IMAGE_SIZE,
+                dtype=torch.uint8,
+            )
         )
-        self.run = bk.concatenated(lambda b: {spec.LOGITS: self._run(b[spec.PIXELS])}, torch.cat)
+        self.run = bk.concatenated(
+            lambda b: {classification.LOGITS: self._run(b[classification.PIXELS])}, torch.cat
+        )
 
     def _run(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
@@ -48,7 +55,7 @@ class TorchClassifier:
         """
         return bk.execute(
             requests,
-            lambda r: bk.inputs(r, [spec.PIXELS], self._read),
+            lambda r: bk.inputs(r, [classification.PIXELS], self._read),
             self.run,
             model=self.name,
             isolate=True,

@@ -17,8 +17,7 @@ import pytest
 
 from client.classify import AsyncClassifyClient, ClassifyClient
 from client.connection import ClientError, module
-from pipelines import classification as spec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from tests.bad_images import bad_images, png_header
 from tests.helpers import CAT_CLASSES, batched_in_some_burst, run_cli, settled_executions
 
@@ -26,10 +25,13 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOLS = ["http", "grpc"]
-MODELS = [spec.ENSEMBLE, spec.FUSED]
+MODELS = [classification.ENSEMBLE, classification.FUSED]
 # The step whose executions tell whether requests were batched together: preprocess is the
 # ensemble's first.
-BATCHING_STEP = {spec.ENSEMBLE: spec.PREPROCESS, spec.FUSED: spec.FUSED}
+BATCHING_STEP = {
+    classification.ENSEMBLE: classification.PREPROCESS,
+    classification.FUSED: classification.FUSED,
+}
 SCORE_ATOL = 1e-4
 
 
@@ -37,7 +39,7 @@ def url(server, protocol: str) -> str:
     return server.http_url if protocol == "http" else server.grpc_url
 
 
-def assert_matches_reference(predictions, reference, images, top_k=spec.DEFAULT_TOP_K):
+def assert_matches_reference(predictions, reference, images, top_k=classification.DEFAULT_TOP_K):
     labels, scores, ids = reference.classify(images, top_k)
     assert len(predictions) == len(images)
     for got, want_labels, want_scores, want_ids in zip(
@@ -70,9 +72,9 @@ def test_top_k_is_chosen_per_request(server, reference, photos, protocol, model)
     with ClassifyClient(url(server, protocol), protocol, model) as client:
         three = client.classify(images, top_k=3)
         default = client.classify(images)
-        everything = client.classify(images[:1], top_k=spec.NUM_CLASSES)
+        everything = client.classify(images[:1], top_k=classification.NUM_CLASSES)
     assert [len(p.labels) for p in three] == [3, 3]
-    assert [len(p.labels) for p in default] == [spec.DEFAULT_TOP_K] * 2
+    assert [len(p.labels) for p in default] == [classification.DEFAULT_TOP_K] * 2
     assert_matches_reference(three, reference, images, top_k=3)
     assert sum(everything[0].scores) == pytest.approx(1.0, abs=1e-4)
 
@@ -110,7 +112,7 @@ def test_top_5_equals_the_raw_pipeline_on_216_images_made_from_the_photos(server
             return await asyncio.gather(*(one(data) for _, data in made))
 
     served = asyncio.run(classify_all())
-    _, _, want = reference.classify([data for _, data in made], spec.DEFAULT_TOP_K)
+    _, _, want = reference.classify([data for _, data in made], classification.DEFAULT_TOP_K)
     differ = [
         name
         for (name, _), (got,), ids in zip(made, served, want, strict=True)
@@ -135,15 +137,20 @@ def test_dynamic_batcher_forms_batches_across_requests(server, photos):
             await asyncio.gather(*(client.classify([photos["coffee"]]) for _ in range(requests)))
 
     def burst_checked() -> int:
-        before = model_stats(server, spec.CLASSIFIER)
+        before = model_stats(server, classification.CLASSIFIER)
         asyncio.run(burst())
-        return settled_executions(lambda: model_stats(server, spec.CLASSIFIER), before, requests)
+        return settled_executions(
+            lambda: model_stats(server, classification.CLASSIFIER), before, requests
+        )
 
     assert batched_in_some_burst(burst_checked, requests), "the batcher never joined requests"
 
 
 def raw_infer(
-    server, protocol: str, inputs_spec: list[tuple[str, np.ndarray, str]], model=spec.ENSEMBLE
+    server,
+    protocol: str,
+    inputs_spec: list[tuple[str, np.ndarray, str]],
+    model=classification.ENSEMBLE,
 ):
     """Send a hand-made request, bypassing our client's checks; returns the error text."""
     mod = module(protocol)
@@ -164,43 +171,46 @@ def images(*items: bytes) -> np.ndarray:
     return np.array(items, dtype=np.object_).reshape(-1, 1)
 
 
-def bad_cases(photo: bytes, model: str = spec.ENSEMBLE) -> dict[str, tuple[list, str]]:
+def bad_cases(photo: bytes, model: str = classification.ENSEMBLE) -> dict[str, tuple[list, str]]:
     return {
-        "not-an-image": ([(spec.IMAGE, images(b"GIF? no, plain text"), "BYTES")], "not an image"),
+        "not-an-image": (
+            [(classification.IMAGE, images(b"GIF? no, plain text"), "BYTES")],
+            "not an image",
+        ),
         "truncated-jpeg": (
-            [(spec.IMAGE, images(photo[: len(photo) // 2]), "BYTES")],
+            [(classification.IMAGE, images(photo[: len(photo) // 2]), "BYTES")],
             "truncated",
         ),
         **{
-            name: ([(spec.IMAGE, images(data), "BYTES")], message)
+            name: ([(classification.IMAGE, images(data), "BYTES")], message)
             for name, (data, message) in bad_images(photo).items()
             if name not in ("truncated", "not-an-image")
         },
         "over-request-pixels": (
-            [(spec.IMAGE, images(*[png_header(6000, 6000)] * 4), "BYTES")],
+            [(classification.IMAGE, images(*[png_header(6000, 6000)] * 4), "BYTES")],
             "images too large: IMAGE holds 144000000 pixels",
         ),
-        "empty-bytes": ([(spec.IMAGE, images(b""), "BYTES")], "empty input"),
+        "empty-bytes": ([(classification.IMAGE, images(b""), "BYTES")], "empty input"),
         "empty-tensor": (
-            [(spec.IMAGE, np.zeros((0, 1), np.object_), "BYTES")],
+            [(classification.IMAGE, np.zeros((0, 1), np.object_), "BYTES")],
             "expected 1 string elements",
         ),
         "wrong-dtype": (
-            [(spec.IMAGE, np.zeros((1, 1), np.float32), "FP32")],
+            [(classification.IMAGE, np.zeros((1, 1), np.float32), "FP32")],
             f"data-type is 'FP32', but model '{model}' expects 'BYTES'",
         ),
         "wrong-shape": (
-            [(spec.IMAGE, images(photo, photo).reshape(1, 2), "BYTES")],
+            [(classification.IMAGE, images(photo, photo).reshape(1, 2), "BYTES")],
             "unexpected shape for input 'IMAGE'",
         ),
         "over-max-batch": (
-            [(spec.IMAGE, images(*[photo] * 33), "BYTES")],
+            [(classification.IMAGE, images(*[photo] * 33), "BYTES")],
             "batch-size must be <= 32",
         ),
         "bad-top-k": (
             [
-                (spec.IMAGE, images(photo), "BYTES"),
-                (spec.TOP_K, np.array([[0]], np.int32), "INT32"),
+                (classification.IMAGE, images(photo), "BYTES"),
+                (classification.TOP_K, np.array([[0]], np.int32), "INT32"),
             ],
             "TOP_K must be between 1 and 1000",
         ),
@@ -264,7 +274,9 @@ def test_each_kind_of_bad_image_in_a_formed_batch_fails_alone(
     assert batched_in_some_burst(burst_checked, 1 + len(plan)), "never batched with the bad ones"
 
 
-@pytest.mark.parametrize(("protocol", "model"), [("http", spec.ENSEMBLE), ("grpc", spec.FUSED)])
+@pytest.mark.parametrize(
+    ("protocol", "model"), [("http", classification.ENSEMBLE), ("grpc", classification.FUSED)]
+)
 def test_cli_prints_labels_and_scores(server, photos, tmp_path, protocol, model):
     cat = tmp_path / "chelsea.jpg"
     cat.write_bytes(photos["chelsea"])
@@ -313,7 +325,7 @@ def test_readme_python_example_works(server):
     script = readme_block("python-example", "python").replace("localhost:8000", server.http_url)
     scope: dict = {}
     exec(script, scope)
-    assert scope["vectors"].shape == (1, espec.HIDDEN_SIZE)
+    assert scope["vectors"].shape == (1, embedding.HIDDEN_SIZE)
 
 
 def test_readme_curl_example_works(server, photos, tmp_path):
@@ -330,5 +342,5 @@ def test_readme_curl_example_works(server, photos, tmp_path):
     assert done.returncode == 0, done.stderr
     response = json.loads(done.stdout)
     outputs = {o["name"]: o["data"] for o in response["outputs"]}
-    assert outputs[spec.LABELS][0] in CAT_CLASSES
-    assert len(outputs[spec.SCORES]) == spec.DEFAULT_TOP_K
+    assert outputs[classification.LABELS][0] in CAT_CLASSES
+    assert len(outputs[classification.SCORES]) == classification.DEFAULT_TOP_K

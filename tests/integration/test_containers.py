@@ -38,8 +38,7 @@ from containers import images, tools
 from containers.stack import Stack, state_environment
 from containers.tools import DOCKER
 from gateway import shaping
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from processes.managed import free_port
 from tests.helpers import compose_binary, scrape, value
 
@@ -118,7 +117,7 @@ def embed(url: str, texts: list[str], key: str | None = None) -> np.ndarray:
     headers = {"X-Api-Key": key} if key else None
     with httpclient.InferenceServerClient(url) as client:
         inputs = embed_client.build_inputs(httpclient, texts)
-        result = client.infer(espec.ENSEMBLE, inputs, headers=headers)
+        result = client.infer(embedding.ENSEMBLE, inputs, headers=headers)
     return embed_client.parse(result)
 
 
@@ -126,7 +125,7 @@ def classify(url: str, jpeg: bytes, key: str | None = None) -> list[classify_cli
     headers = {"X-Api-Key": key} if key else None
     with httpclient.InferenceServerClient(url) as client:
         inputs = classify_client.build_inputs(httpclient, [jpeg], 5)
-        result = client.infer(cspec.ENSEMBLE, inputs, headers=headers)
+        result = client.infer(classification.ENSEMBLE, inputs, headers=headers)
     return classify_client.parse(result)
 
 
@@ -164,7 +163,7 @@ def test_grpc_through_the_gateway_equals_make_serves(stack, server):
     with grpcclient.InferenceServerClient(gateway_grpc(stack)) as client:
         inputs = embed_client.build_inputs(grpcclient, texts)
         result = client.infer(
-            espec.ENSEMBLE, inputs, headers={"x-api-key": tenant_key(stack, "team-b")}
+            embedding.ENSEMBLE, inputs, headers={"x-api-key": tenant_key(stack, "team-b")}
         )
     np.testing.assert_allclose(embed_client.parse(result), embed(server.http_url, texts), atol=ATOL)
 
@@ -175,7 +174,7 @@ def test_openai_embeddings_with_a_tenant_key_and_429_past_its_budget(stack, serv
     base = f"http://{gateway_http(stack)}/v1"
     texts = fresh_texts(2, "openai")
     with openai.OpenAI(base_url=base, api_key=tenant_key(stack, "team-b"), max_retries=0) as client:
-        answer = client.embeddings.create(model=espec.ENSEMBLE, input=texts)
+        answer = client.embeddings.create(model=embedding.ENSEMBLE, input=texts)
     vectors = np.array([d.embedding for d in answer.data], dtype=np.float32)
     np.testing.assert_allclose(vectors, embed(server.http_url, texts), atol=ATOL)
 
@@ -185,7 +184,7 @@ def test_openai_embeddings_with_a_tenant_key_and_429_past_its_budget(stack, serv
     with openai.OpenAI(base_url=base, api_key=tenant_key(stack, "team-a"), max_retries=0) as client:
         for _ in range(4 * team_a.capacity):
             try:
-                client.embeddings.create(model=espec.ENSEMBLE, input="a")
+                client.embeddings.create(model=embedding.ENSEMBLE, input="a")
             except openai.RateLimitError as exc:
                 assert exc.response.headers.get("retry-after")
                 break
@@ -314,7 +313,7 @@ def test_two_replicas_share_the_redis(stack):
         first = embed(f"{stack.address('triton', 1)}:8000", texts)
         hits = lambda: value(  # noqa: E731
             replica_metrics(stack, 2), "pipeline_text_cache_hits_total", layer="redis",
-            model=espec.TOKENIZE_ENCODE, version="1",
+            model=embedding.TOKENIZE_ENCODE, version="1",
         )  # fmt: skip
         before = hits()
         second = embed(f"{stack.address('triton', 2)}:8000", texts)
@@ -376,11 +375,13 @@ class Load:
 
     def _send(self, text: str) -> str:
         body = json.dumps({
-            "inputs": [{"name": espec.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": [text]}],
-            "outputs": [{"name": espec.EMBEDDING}],
+            "inputs": [
+                {"name": embedding.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": [text]}
+            ],
+            "outputs": [{"name": embedding.EMBEDDING}],
         }).encode()  # fmt: skip
         request = urllib.request.Request(
-            f"http://{self.url}/v2/models/{espec.ENSEMBLE}/infer",
+            f"http://{self.url}/v2/models/{embedding.ENSEMBLE}/infer",
             data=body,
             headers={"X-Api-Key": self.key, "Content-Type": "application/json"},
         )
@@ -425,7 +426,7 @@ class Load:
 
 def references(server, texts: list[str]) -> dict[str, np.ndarray]:
     """Each text's vector from make serve, in requests of at most the model's batch."""
-    chunks = [texts[i : i + espec.MAX_TEXTS] for i in range(0, len(texts), espec.MAX_TEXTS)]
+    chunks = [texts[i : i + embedding.MAX_TEXTS] for i in range(0, len(texts), embedding.MAX_TEXTS)]
     vectors = np.concatenate([embed(server.http_url, chunk) for chunk in chunks])
     return dict(zip(texts, vectors, strict=True))
 
@@ -462,7 +463,7 @@ def test_a_crashed_tritonserver_is_restarted_and_the_gateway_answers_json_meanwh
 def breaker_open(s: Stack) -> float:
     return value(
         replica_metrics(s, 1), "pipeline_text_cache_breaker_open",
-        model=espec.TOKENIZE_ENCODE, version="1",
+        model=embedding.TOKENIZE_ENCODE, version="1",
     )  # fmt: skip
 
 
@@ -579,7 +580,7 @@ def test_compose_v2_brings_the_same_stack_up_and_down(stack, tmp_path):
         assert set(v2.service_states().values()) == {"healthy", "exited 0"}
         texts = fresh_texts(2, "v2")
         vectors = embed(gateway_http(v2), texts, tenant_key(v2, "team-b"))
-        assert vectors.shape == (2, espec.HIDDEN_SIZE)
+        assert vectors.shape == (2, embedding.HIDDEN_SIZE)
     finally:
         v2.down()
     assert v2.containers() == []

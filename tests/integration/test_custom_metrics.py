@@ -14,8 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding, padding, tokenization
 from pipelines.backend import metrics
 from tests.bad_images import bad_images
 from tests.helpers import change, scrape
@@ -47,7 +46,7 @@ def send(server, protocol: str, model: str, name: str, items: list[bytes]) -> st
     return None
 
 
-PRE = {"model": spec.PREPROCESS, "version": "1"}
+PRE = {"model": classification.PREPROCESS, "version": "1"}
 # embed's text step on the local configs: tokenize_encode pads each sub-batch to its longest text.
 TOK = {"model": embedding.TOKENIZE_ENCODE, "version": "1"}
 
@@ -70,8 +69,8 @@ def test_failure_reasons_cover_every_message_the_steps_produce(photos):
             image.decode(data)
         assert metrics.failure_reason(failure.value) == reason
     for data, reason in {b"": "empty", b"caf\xe9": "not_utf8", b"  ": "blank"}.items():
-        with pytest.raises(embedding.TextError) as failure:
-            embedding.decode_text(data)
+        with pytest.raises(tokenization.TextError) as failure:
+            tokenization.decode_text(data)
         assert metrics.failure_reason(f"TEXT[2]: {failure.value}") == reason
     assert metrics.failure_reason("image too large: 9000x9000 exceeds 64000000 pixels") == (
         "too_large"
@@ -84,12 +83,27 @@ def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server
     before = scrape(server)
     truncated = photos["coffee"][:1500]
     # Sequential requests: one execute each. gRPC and HTTP alike feed the same series.
-    assert send(server, "http", spec.ENSEMBLE, spec.IMAGE, [photos["chelsea"]]) is None
-    assert "not an image" in send(server, "http", spec.ENSEMBLE, spec.IMAGE, [b"GIF? no"])
-    assert "not an image" in send(server, "grpc", spec.ENSEMBLE, spec.IMAGE, [b"no image"])
-    assert "truncated" in send(server, "grpc", spec.ENSEMBLE, spec.IMAGE, [truncated])
+    assert (
+        send(server, "http", classification.ENSEMBLE, classification.IMAGE, [photos["chelsea"]])
+        is None
+    )
+    assert "not an image" in send(
+        server, "http", classification.ENSEMBLE, classification.IMAGE, [b"GIF? no"]
+    )
+    assert "not an image" in send(
+        server, "grpc", classification.ENSEMBLE, classification.IMAGE, [b"no image"]
+    )
+    assert "truncated" in send(
+        server, "grpc", classification.ENSEMBLE, classification.IMAGE, [truncated]
+    )
     # One request of three images, two of them bad: both are counted, one execute.
-    error = send(server, "http", spec.ENSEMBLE, spec.IMAGE, [photos["flower"], b"", truncated])
+    error = send(
+        server,
+        "http",
+        classification.ENSEMBLE,
+        classification.IMAGE,
+        [photos["flower"], b"", truncated],
+    )
     assert "IMAGE[1]: empty input" in error
     after = scrape(server)
 
@@ -129,14 +143,14 @@ def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
         [unseen("word " * 400)],  # over 256 word pieces: truncated
         [unseen("Short.")],
     ]
-    ids = [embedding.encode(texts)[0] for texts in requests]
+    ids = [tokenization.encode(texts)[0] for texts in requests]
     expected_tokens = sum(len(t) for request in ids for t in request)
     # Sequential requests, one execute each. Worked out here rather than by asking
-    # embedding.sub_batches, the code under test: two texts share one run when the longer
+    # padding.sub_batches, the code under test: two texts share one run when the longer
     # is at most RUN_COST_TOKENS word pieces longer (one run costs that much), and a run pads
     # each text to its longest; one text alone is never padded.
     short, long = sorted(len(t) for t in ids[0])
-    assert short < long <= short + embedding.RUN_COST_TOKENS, (short, long)
+    assert short < long <= short + padding.RUN_COST_TOKENS, (short, long)
     expected_padded = 2 * long + len(ids[1][0]) + len(ids[2][0])
     assert expected_tokens < expected_padded  # the short text of the first request is padded
 

@@ -16,7 +16,7 @@ from client.connection import ClientError, module
 from client.embed import AsyncEmbedClient, EmbedClient
 from export import bert, text_samples
 from export import minilm as export_minilm
-from pipelines import embedding as spec
+from pipelines import embedding
 from tests.helpers import batched_in_some_burst, run_cli, settled_executions
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,7 @@ def test_served_embeddings_match_the_pytorch_reference(server, reference, protoc
     with EmbedClient(url(server, protocol), protocol) as client:
         client.check_ready()
         served = client.embed(texts)
-    assert served.shape == (len(texts), spec.HIDDEN_SIZE) and served.dtype == np.float32
+    assert served.shape == (len(texts), embedding.HIDDEN_SIZE) and served.dtype == np.float32
     assert cosines(served, reference(texts)).min() >= SERVED_MIN_COSINE
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-5)
 
@@ -73,11 +73,11 @@ def embed_stats(server, model: str, version: str = "") -> dict:
 
 def test_repeated_texts_are_answered_from_the_response_cache(server):
     text = ["Caching makes repeated queries nearly free."]
-    before = embed_stats(server, spec.ENSEMBLE)
+    before = embed_stats(server, embedding.ENSEMBLE)
     with EmbedClient(server.grpc_url, "grpc") as client:
         first = client.embed(text)
         again = [client.embed(text) for _ in range(5)]
-    after = embed_stats(server, spec.ENSEMBLE)
+    after = embed_stats(server, embedding.ENSEMBLE)
     hits = (
         after["inference_stats"]["cache_hit"]["count"]
         - before["inference_stats"]["cache_hit"]["count"]
@@ -97,11 +97,15 @@ def test_int8_encoder_stays_close_to_fp32(server):
 
 
 def raw_infer(
-    server, protocol: str, array: np.ndarray, datatype: str = "BYTES", model: str = spec.ENSEMBLE
+    server,
+    protocol: str,
+    array: np.ndarray,
+    datatype: str = "BYTES",
+    model: str = embedding.ENSEMBLE,
 ) -> str | None:
     mod = module(protocol)
     with mod.InferenceServerClient(url(server, protocol)) as client:
-        tensor = mod.InferInput(spec.TEXT, list(array.shape), datatype)
+        tensor = mod.InferInput(embedding.TEXT, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         try:
             client.infer(model, [tensor])
@@ -126,7 +130,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("model", [spec.ENSEMBLE, spec.GRAPH_ENSEMBLE])
+@pytest.mark.parametrize("model", [embedding.ENSEMBLE, embedding.GRAPH_ENSEMBLE])
 def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, model, protocol, case):
     array, datatype, expected = BAD[case]
     message = raw_infer(server, protocol, array, datatype, model)
@@ -136,7 +140,7 @@ def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(server, model, 
         # A text never sent before: the response cache cannot answer it, so it runs through
         # the steps the bad request went through (a stub it killed would fail it).
         fine = f"still fine after {model} {protocol} {case}"
-        assert client.embed([fine]).shape == (1, spec.HIDDEN_SIZE)
+        assert client.embed([fine]).shape == (1, embedding.HIDDEN_SIZE)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -145,7 +149,7 @@ def test_the_one_graph_model_matches_the_ensemble(server, reference, protocol):
     texts = [*export_minilm.parity_texts(), "Café, naïve: 東京 🚀 https://example.com/a?b=1"]
     with (
         EmbedClient(url(server, protocol), protocol) as ensemble,
-        EmbedClient(url(server, protocol), protocol, model=spec.GRAPH_ENSEMBLE) as graph,
+        EmbedClient(url(server, protocol), protocol, model=embedding.GRAPH_ENSEMBLE) as graph,
     ):
         one_graph = graph.embed(texts)
         assert cosines(one_graph, ensemble.embed(texts)).min() >= 0.99999
@@ -162,7 +166,7 @@ def test_long_and_mixed_length_texts_are_embedded_not_refused(server, reference)
 def text_step(server) -> str:
     """The model that batches embed's texts in the server's configs (its first step)."""
     config = model_config.resolve(
-        REPO / "model_repository" / spec.ENSEMBLE, server.config.model_config_name
+        REPO / "model_repository" / embedding.ENSEMBLE, server.config.model_config_name
     )
     return config.ensemble_scheduling.step[0].model_name
 
@@ -225,7 +229,9 @@ def test_cli_embeds_arguments_and_files(server, tmp_path):
     done = run_cli("embed", "A man is eating food.", "--url", server.grpc_url, "--protocol", "grpc")
     assert done.returncode == 0, done.stderr
     line = json.loads(done.stdout)
-    assert line["text"] == "A man is eating food." and len(line["embedding"]) == spec.HIDDEN_SIZE
+    assert (
+        line["text"] == "A man is eating food." and len(line["embedding"]) == embedding.HIDDEN_SIZE
+    )
     source = tmp_path / "texts.jsonl"
     source.write_text("\n".join(json.dumps({"text": t}) for t in text_samples.SENTENCES * 10))
     out = tmp_path / "vectors.npy"
@@ -246,7 +252,7 @@ def test_cli_embeds_arguments_and_files(server, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     vectors = np.load(out)
-    assert vectors.shape == (len(text_samples.SENTENCES) * 10, spec.HIDDEN_SIZE)
+    assert vectors.shape == (len(text_samples.SENTENCES) * 10, embedding.HIDDEN_SIZE)
     assert f"{len(vectors)}/{len(vectors)}" in done.stderr  # the progress bar finished
     np.testing.assert_allclose(vectors[0], vectors[len(text_samples.SENTENCES)], atol=1e-6)
 
@@ -260,20 +266,22 @@ def test_the_step_can_run_the_encoder_triton_serves_through_bls(reference):
 
     config = ServerConfig(
         http_port=0, grpc_port=0, metrics_port=0,
-        extra_args=["--model-control-mode=explicit", f"--load-model={spec.ENCODER}"],
+        extra_args=["--model-control-mode=explicit", f"--load-model={embedding.ENCODER}"],
     )  # fmt: skip
     texts = ["A man is eating food.", "A man is riding a horse.", "word " * 300]
     with Server(config) as server, http.InferenceServerClient(server.http_url) as client:
-        step = model_config.resolve(MODEL_REPOSITORY / spec.TOKENIZE_ENCODE, "gpu")
+        step = model_config.resolve(MODEL_REPOSITORY / embedding.TOKENIZE_ENCODE, "gpu")
         assert step.parameters["encoder_backend"].string_value == "triton"
         del step.instance_group[1:]
         step.instance_group[0].count = 1  # one stub is enough here
         admin = server.admin_headers()
-        client.load_model(spec.TOKENIZE_ENCODE, config=model_config.to_json(step), headers=admin)
-        client.load_model(spec.ENSEMBLE, headers=admin)
+        client.load_model(
+            embedding.TOKENIZE_ENCODE, config=model_config.to_json(step), headers=admin
+        )
+        client.load_model(embedding.ENSEMBLE, headers=admin)
 
         def encoded() -> int:
-            stats = client.get_inference_statistics(spec.ENCODER)["model_stats"]
+            stats = client.get_inference_statistics(embedding.ENCODER)["model_stats"]
             return sum(int(v["inference_count"]) for v in stats)
 
         before = encoded()

@@ -25,13 +25,13 @@ from tritonclient.utils import InferenceServerException
 
 from client.connection import module
 from paths import MODEL_REPOSITORY
-from pipelines import embedding as espec
+from pipelines import embedding
 from server import Server, ServerConfig
 
 pytestmark = pytest.mark.integration
 
 PROTOCOLS = ["http", "grpc"]
-MODEL = espec.GRAPH_ENSEMBLE  # embed_graph: text in, vector out, one Python model locally
+MODEL = embedding.GRAPH_ENSEMBLE  # embed_graph: text in, vector out, one Python model locally
 CLIENT_TIMEOUT_S = 60
 # The whole burst must land in one execution: the batcher waits this long for a full batch,
 # far longer than four threads need to send their requests even on a busy core.
@@ -48,18 +48,18 @@ def batch_axis_lost_onnx() -> bytes:
     from onnx import TensorProto, helper
 
     one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
-    width = helper.make_tensor("width", TensorProto.INT64, [2], [1, espec.HIDDEN_SIZE])
+    width = helper.make_tensor("width", TensorProto.INT64, [2], [1, embedding.HIDDEN_SIZE])
     nodes = [
-        helper.make_node("Shape", [espec.TEXT], ["shape"]),
+        helper.make_node("Shape", [embedding.TEXT], ["shape"]),
         helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=one),
         helper.make_node("ReduceMean", ["ones"], ["pooled"], axes=[0], keepdims=1),
-        helper.make_node("Expand", ["pooled", "width"], [espec.EMBEDDING]),
+        helper.make_node("Expand", ["pooled", "width"], [embedding.EMBEDDING]),
     ]
     graph = helper.make_graph(
         nodes,
         "batch_axis_lost",
-        [helper.make_tensor_value_info(espec.TEXT, TensorProto.STRING, ["batch", 1])],
-        [helper.make_tensor_value_info(espec.EMBEDDING, TensorProto.FLOAT, [1, "width"])],
+        [helper.make_tensor_value_info(embedding.TEXT, TensorProto.STRING, ["batch", 1])],
+        [helper.make_tensor_value_info(embedding.EMBEDDING, TensorProto.FLOAT, [1, "width"])],
         initializer=[width],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -73,9 +73,13 @@ def broken_config() -> str:
             "name": MODEL,
             "backend": "python",
             "max_batch_size": 8,
-            "input": [{"name": espec.TEXT, "data_type": "TYPE_STRING", "dims": [1]}],
+            "input": [{"name": embedding.TEXT, "data_type": "TYPE_STRING", "dims": [1]}],
             "output": [
-                {"name": espec.EMBEDDING, "data_type": "TYPE_FP32", "dims": [espec.HIDDEN_SIZE]}
+                {
+                    "name": embedding.EMBEDDING,
+                    "data_type": "TYPE_FP32",
+                    "dims": [embedding.HIDDEN_SIZE],
+                }
             ],
             "instance_group": [{"kind": "KIND_CPU", "count": 1}],
             "dynamic_batching": {"max_queue_delay_microseconds": QUEUE_DELAY_US},
@@ -113,12 +117,12 @@ def send(server: Server, protocol: str, texts: list[bytes]):
     """One request of ``texts``: its EMBEDDING, or the InferenceServerException it got."""
     mod = module(protocol)
     array = np.array(texts, dtype=np.object_).reshape(-1, 1)
-    tensor = mod.InferInput(espec.TEXT, list(array.shape), "BYTES")
+    tensor = mod.InferInput(embedding.TEXT, list(array.shape), "BYTES")
     tensor.set_data_from_numpy(array)
     with mod.InferenceServerClient(url(server, protocol)) as client:
         timeout = {"client_timeout": CLIENT_TIMEOUT_S} if protocol == "grpc" else {}
         try:
-            return client.infer(MODEL, [tensor], **timeout).as_numpy(espec.EMBEDDING)
+            return client.infer(MODEL, [tensor], **timeout).as_numpy(embedding.EMBEDDING)
         except InferenceServerException as exc:
             return exc
 
@@ -165,7 +169,7 @@ def test_bad_input_is_400_a_broken_model_is_500_and_the_rest_of_the_batch_succee
 
     for name in ("good", "also good"):
         assert not isinstance(answers[name], Exception), str(answers[name])
-        assert answers[name].shape == (1, espec.HIDDEN_SIZE)
+        assert answers[name].shape == (1, embedding.HIDDEN_SIZE)
 
     bad, broken = answers["bad"], answers["broken"]
     assert isinstance(bad, InferenceServerException), "the bad request succeeded"
@@ -175,7 +179,7 @@ def test_bad_input_is_400_a_broken_model_is_500_and_the_rest_of_the_batch_succee
     assert isinstance(broken, InferenceServerException), "the broken model's answer was accepted"
     assert broken.status() == STATUS[protocol]["broken"], str(broken)
     assert (
-        f"model {MODEL} failed: output {espec.EMBEDDING} has 1 rows for 2 input rows"
+        f"model {MODEL} failed: output {embedding.EMBEDDING} has 1 rows for 2 input rows"
         in broken.message()
     )
 
@@ -188,5 +192,5 @@ def test_the_broken_graph_really_returns_one_row_for_two(tmp_path: Path):
     path.write_bytes(batch_axis_lost_onnx())
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     two = np.array([["a"], ["b"]], dtype=object)
-    (embedding,) = session.run([espec.EMBEDDING], {espec.TEXT: two})
-    assert embedding.shape == (1, espec.HIDDEN_SIZE)
+    (vectors,) = session.run([embedding.EMBEDDING], {embedding.TEXT: two})
+    assert vectors.shape == (1, embedding.HIDDEN_SIZE)

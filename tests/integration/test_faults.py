@@ -36,8 +36,7 @@ from bench import load
 from client import classify, connection, embed
 from export import samples
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from processes.managed import shm_regions_of_group
 from server import Server, ServerConfig, repository, stubs
 from server.supervisor import StubSupervisor
@@ -80,17 +79,17 @@ def embed_sender(server: Server, clients: int) -> Callable[[int], None]:
     """
     made = [grpc.InferenceServerClient(server.grpc_url) for _ in range(clients)]
     numbers = itertools.count()
-    outputs = connection.make_outputs(grpc, [espec.EMBEDDING])
+    outputs = connection.make_outputs(grpc, [embedding.EMBEDDING])
 
     def call(worker: int) -> None:
         text = f"fault test sentence number {next(numbers)}"
         result = made[worker].infer(
-            espec.ENSEMBLE,
+            embedding.ENSEMBLE,
             embed.build_inputs(grpc, [text]),
             outputs=outputs,
             client_timeout=CLIENT_TIMEOUT_S,
         )
-        assert result.as_numpy(espec.EMBEDDING).shape == (1, espec.HIDDEN_SIZE)
+        assert result.as_numpy(embedding.EMBEDDING).shape == (1, embedding.HIDDEN_SIZE)
 
     return call
 
@@ -136,7 +135,7 @@ def answered_at(outcome: load.Outcome) -> float:
 @pytest.mark.flaky(**RERUN_KNOWN_ABORT)
 def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
     server = start_server(
-        tmp_path / "tritonserver.log", [espec.ENSEMBLE], model_config_name=TWO_STEPS
+        tmp_path / "tritonserver.log", [embedding.ENSEMBLE], model_config_name=TWO_STEPS
     )
     stopped = False
     try:
@@ -145,7 +144,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
             warm_up(call, CONCURRENCY)
             admin = grpc.InferenceServerClient(server.grpc_url)
             headers = server.admin_headers("grpc")
-            (victim,) = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+            (victim,) = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
             marks: dict[str, float] = {}
             loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
             try:
@@ -153,30 +152,30 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
                 marks["kill"] = time.monotonic()
                 os.kill(victim, signal.SIGKILL)
                 time.sleep(4.0)  # time for Triton to notice and restart the stub, if it did
-                stubs_after_wait = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+                stubs_after_wait = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
                 ready_while_dead = {
                     "server live": admin.is_server_live(),
                     "server ready": admin.is_server_ready(),
-                    "tokenize ready": admin.is_model_ready(espec.TOKENIZE),
-                    "embed ready": admin.is_model_ready(espec.ENSEMBLE),
+                    "tokenize ready": admin.is_model_ready(embedding.TOKENIZE),
+                    "embed ready": admin.is_model_ready(embedding.ENSEMBLE),
                 }
                 # The obvious operator fix: load the model again. With an unchanged config 2.51
                 # treats it as already loaded.
                 log_at_plain_load = server_log_size(server)
                 marks["plain load"] = time.monotonic()
-                admin.load_model(espec.TOKENIZE, headers=headers)
+                admin.load_model(embedding.TOKENIZE, headers=headers)
                 plain_load_s = time.monotonic() - marks["plain load"]
                 time.sleep(2.0)
-                stubs_after_plain_load = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+                stubs_after_plain_load = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
                 # What does reload it: a config that differs (a parameter the model ignores).
-                config = admin.get_model_config(espec.TOKENIZE, as_json=True)["config"]
+                config = admin.get_model_config(embedding.TOKENIZE, as_json=True)["config"]
                 config.setdefault("parameters", {})["reload_token"] = {"string_value": str(victim)}
                 log_at_reload = server_log_size(server)
                 marks["reload"] = time.monotonic()
-                admin.load_model(espec.TOKENIZE, config=json.dumps(config), headers=headers)
+                admin.load_model(embedding.TOKENIZE, config=json.dumps(config), headers=headers)
                 marks["reloaded"] = time.monotonic()
                 log_after_reload = server_log_size(server)
-                new_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+                new_stubs = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
                 time.sleep(6.0)  # recovered: the last 3 s of this must be failure-free
             finally:
                 tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
@@ -198,13 +197,14 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
     failures = [o for o in outcomes if o.error is not None]
     kill, reload, reloaded = marks["kill"], marks["reload"], marks["reloaded"]
     # Triton logs "loading: <model>:<version>" each time it starts loading a model.
-    loading = f'"loading: {espec.TOKENIZE}:'
+    loading = f'"loading: {embedding.TOKENIZE}:'
     plain_load_log = logged_between(server, log_at_plain_load, log_at_reload)
     reload_log = logged_between(server, log_at_reload, log_after_reload)
     not_healthy = (
-        f"in ensemble '{espec.ENSEMBLE}', Stub process '{espec.TOKENIZE}_0_0' is not healthy."
+        f"in ensemble '{embedding.ENSEMBLE}', "
+        f"Stub process '{embedding.TOKENIZE}_0_0' is not healthy."
     )
-    queue_timeout = f"in ensemble '{espec.ENSEMBLE}', {load.QUEUE_TIMEOUT}"
+    queue_timeout = f"in ensemble '{embedding.ENSEMBLE}', {load.QUEUE_TIMEOUT}"
     # Requests sent after the kill and answered before the forced reload began: the dead window.
     dead = [o for o in outcomes if o.sent_at > kill and answered_at(o) < reload]
     after_reload = [o for o in outcomes if o.sent_at > reloaded]
@@ -282,7 +282,7 @@ def test_killed_stub_is_not_restarted_and_a_forced_reload_recovers(tmp_path):
 def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
     """What ``make serve`` and the container do about it: server/supervisor.py."""
     server = start_server(
-        tmp_path / "tritonserver.log", [espec.ENSEMBLE], model_config_name=TWO_STEPS
+        tmp_path / "tritonserver.log", [embedding.ENSEMBLE], model_config_name=TWO_STEPS
     )
     try:
         with known_abort_raised(server_output(server)):
@@ -291,7 +291,7 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
             watcher = StubSupervisor.of(server, interval_s=0.5)
             polls = poll_times(watcher)
             with watcher:
-                (victim,) = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+                (victim,) = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
                 loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
                 try:
                     time.sleep(2.0)  # baseline: everything succeeds
@@ -303,7 +303,7 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
                     time.sleep(5.0)  # recovered: the last 2 s of this must be failure-free
                 finally:
                     tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
-            new_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+            new_stubs = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
     finally:
         server.stop(timeout=EXIT_TIMEOUT_S + 25)
 
@@ -339,7 +339,7 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
     assert tally.hung == 0 and tally.sent == tally.answered == len(outcomes) > 0
     # One death, one reload that worked.
     assert [(r.model, r.dead_pid, r.error) for r in watcher.revivals] == [
-        (espec.TOKENIZE, victim, None)
+        (embedding.TOKENIZE, victim, None)
     ]
     # Confirmed by the second poll that sees the zombie: the second poll after the kill, or
     # the third if the first began before the killed stub had turned into a zombie. Counted
@@ -352,7 +352,8 @@ def test_the_supervisor_reloads_a_dead_stub_under_load(tmp_path):
     assert len(new_stubs) == 1 and new_stubs[0] != victim
     # The failures are the dead instance's clear message, all before it was replaced.
     not_healthy = (
-        f"in ensemble '{espec.ENSEMBLE}', Stub process '{espec.TOKENIZE}_0_0' is not healthy."
+        f"in ensemble '{embedding.ENSEMBLE}', "
+        f"Stub process '{embedding.TOKENIZE}_0_0' is not healthy."
     )
     assert {o.error for o in failures} <= {not_healthy}, tally.errors
     assert all(answered_at(o) > kill for o in failures)
@@ -372,7 +373,7 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
     repo = repository.materialize(MODEL_REPOSITORY, tmp_path / "repository", TWO_STEPS, [])
     server = start_server(
         tmp_path / "tritonserver.log",
-        [espec.ENSEMBLE],
+        [embedding.ENSEMBLE],
         model_repository=repo,
         model_config_name=TWO_STEPS,
     )
@@ -380,27 +381,27 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
         call = embed_sender(server, CONCURRENCY)
         warm_up(call, CONCURRENCY)
         admin = grpc.InferenceServerClient(server.grpc_url)
-        versions_before = admin.get_model_metadata(espec.TOKENIZE, as_json=True)["versions"]
-        old_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+        versions_before = admin.get_model_metadata(embedding.TOKENIZE, as_json=True)["versions"]
+        old_stubs = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
         loop = load.ClosedLoop(call, CONCURRENCY, "embed").start()
         try:
             time.sleep(2.0)
             # Deploy version 2 of tokenize (the ensemble asks for the latest: model_version -1).
-            (repo / espec.TOKENIZE / "2").mkdir()
-            source = (MODEL_REPOSITORY / espec.TOKENIZE / "1" / "model.py").resolve()
-            (repo / espec.TOKENIZE / "2" / "model.py").symlink_to(source)
+            (repo / embedding.TOKENIZE / "2").mkdir()
+            source = (MODEL_REPOSITORY / embedding.TOKENIZE / "1" / "model.py").resolve()
+            (repo / embedding.TOKENIZE / "2" / "model.py").symlink_to(source)
             load_started = time.monotonic()
-            admin.load_model(espec.TOKENIZE, headers=server.admin_headers("grpc"))
+            admin.load_model(embedding.TOKENIZE, headers=server.admin_headers("grpc"))
             loaded = time.monotonic()
             time.sleep(3.0)
         finally:
             tally = loop.stop(timeout=CLIENT_TIMEOUT_S + 5)
-        versions_after = admin.get_model_metadata(espec.TOKENIZE, as_json=True)["versions"]
+        versions_after = admin.get_model_metadata(embedding.TOKENIZE, as_json=True)["versions"]
         index = admin.get_model_repository_index(
             headers=server.admin_headers("grpc"), as_json=True
         )["models"]
-        stats = admin.get_inference_statistics(espec.TOKENIZE, as_json=True)["model_stats"]
-        new_stubs = stubs.stub_pids(server.process.pid, espec.TOKENIZE)
+        stats = admin.get_inference_statistics(embedding.TOKENIZE, as_json=True)["model_stats"]
+        new_stubs = stubs.stub_pids(server.process.pid, embedding.TOKENIZE)
         served_by = [stubs.stub_model(pid) for pid in new_stubs]
         admin.close()
     finally:
@@ -409,7 +410,7 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
     outcomes = loop.outcomes
     during = [o for o in outcomes if o.sent_at < loaded and answered_at(o) > load_started]
     after = [o for o in outcomes if o.sent_at > loaded]
-    step_index = {m["version"]: m for m in index if m["name"] == espec.TOKENIZE}
+    step_index = {m["version"]: m for m in index if m["name"] == embedding.TOKENIZE}
     v2_success = {s["version"]: int(s["inference_stats"]["success"]["count"]) for s in stats}.get(
         "2", 0
     )
@@ -435,7 +436,7 @@ def test_new_version_loads_under_load_without_a_failed_request(tmp_path):
     assert len(during) >= CONCURRENCY  # the swap happened under load
     assert versions_before == ["1"] and versions_after == ["2"]
     assert step_index["1"]["state"] == "UNAVAILABLE" and step_index["2"]["state"] == "READY"
-    assert served_by == [(espec.TOKENIZE, "2")] and not set(new_stubs) & set(old_stubs)
+    assert served_by == [(embedding.TOKENIZE, "2")] and not set(new_stubs) & set(old_stubs)
     # Every request sent after load_model returned went through version 2.
     assert len(after) <= v2_success <= tally.ok
 
@@ -495,12 +496,12 @@ class MixedSender:
 
         def request():
             result = client.infer(
-                espec.ENSEMBLE,
+                embedding.ENSEMBLE,
                 embed.build_inputs(grpc, [text]),
-                outputs=connection.make_outputs(grpc, [espec.EMBEDDING]),
+                outputs=connection.make_outputs(grpc, [embedding.EMBEDDING]),
                 client_timeout=CLIENT_TIMEOUT_S,
             )
-            assert result.as_numpy(espec.EMBEDDING).shape == (1, espec.HIDDEN_SIZE)
+            assert result.as_numpy(embedding.EMBEDDING).shape == (1, embedding.HIDDEN_SIZE)
 
         self._run("embed", bad, request, "not UTF-8")
 
@@ -513,7 +514,7 @@ class MixedSender:
 
         def request():
             result = client.infer(
-                cspec.ENSEMBLE,
+                classification.ENSEMBLE,
                 classify.build_inputs(grpc, [image], 3),
                 outputs=connection.make_outputs(grpc, list(classify.OUTPUTS)),
                 client_timeout=CLIENT_TIMEOUT_S,
@@ -560,7 +561,7 @@ def ensemble_successes(server: Server, settle_s: float = 5.0) -> dict[str, int]:
 
         def read() -> dict[str, int]:
             found = {}
-            for name in (espec.ENSEMBLE, cspec.ENSEMBLE):
+            for name in (embedding.ENSEMBLE, classification.ENSEMBLE):
                 (stats,) = client.get_inference_statistics(name, as_json=True)["model_stats"]
                 found[name] = int(stats["inference_stats"]["success"]["count"])
             return found
@@ -580,7 +581,9 @@ def test_soak_answers_everything_and_keeps_memory_and_fds_flat(tmp_path):
     # A 1 MiB response cache fills during the warm-up and then only evicts: with a 256 MB one,
     # every unique text would be kept and the cache's growth would read as a leak.
     server = start_server(
-        tmp_path / "tritonserver.log", [espec.ENSEMBLE, cspec.ENSEMBLE], cache_bytes=1 << 20
+        tmp_path / "tritonserver.log",
+        [embedding.ENSEMBLE, classification.ENSEMBLE],
+        cache_bytes=1 << 20,
     )
     try:
         sender = MixedSender(server, 2, photos)
@@ -640,7 +643,7 @@ def test_soak_answers_everything_and_keeps_memory_and_fds_flat(tmp_path):
         assert bad[kind] == refused[kind] > 0, kind
         # The server counted exactly the good requests as successes.
         good = soak[kind].sent - bad[kind]
-        name = espec.ENSEMBLE if kind == "embed" else cspec.ENSEMBLE
+        name = embedding.ENSEMBLE if kind == "embed" else classification.ENSEMBLE
         assert successes_after[name] - successes_before[name] == good, kind
     assert live
     # The same processes (no stub died or was added), memory and descriptors flat.

@@ -22,8 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from client.classify import ClassifyClient
 from gateway import shaping
 from gateway.nginx import OVERLOADED, Nginx
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 from tests.helpers import CAT_CLASSES
 
 pytestmark = pytest.mark.integration
@@ -36,7 +35,7 @@ LIMITS = shaping.parse_limits(
         "models": {},
     }
 )
-STEP = spec.PREPROCESS  # a step of `classify`, loaded, never served through the gateway
+STEP = classification.PREPROCESS  # a step of `classify`, loaded, never served through the gateway
 
 
 @pytest.fixture(scope="module")
@@ -70,18 +69,18 @@ HTTP_CASES = [
     ("POST", f"/v2/models/{STEP}/infer", 404, 400),
     ("POST", f"/v2/models/{embedding.TOKENIZE}/infer", 404, 400),
     ("POST", "/v2/repository/index", 403, 403),
-    ("GET", f"/v2/models/{spec.ENSEMBLE}/config", 403, 200),
-    ("GET", f"/v2/models/{spec.ENSEMBLE}/versions/1/config", 403, 200),
-    ("GET", f"/v2/models/{spec.ENSEMBLE}/stats", 403, 200),
+    ("GET", f"/v2/models/{classification.ENSEMBLE}/config", 403, 200),
+    ("GET", f"/v2/models/{classification.ENSEMBLE}/versions/1/config", 403, 200),
+    ("GET", f"/v2/models/{classification.ENSEMBLE}/stats", 403, 200),
     ("GET", "/v2/models/stats", 403, 200),
     ("GET", "/v2/logging", 403, 403),
     ("GET", "/v2/trace/setting", 403, 403),
     ("GET", "/v2/systemsharedmemory/status", 403, 403),
     # Path tricks: nginx matches the normalised path, so each lands on a refusal.
-    ("POST", f"/v2/models/{spec.ENSEMBLE}/../{STEP}/infer", 404, 404),
-    ("POST", f"/v2/models/{spec.ENSEMBLE}/%2e%2e/{STEP}/infer", 404, 404),
+    ("POST", f"/v2/models/{classification.ENSEMBLE}/../{STEP}/infer", 404, 404),
+    ("POST", f"/v2/models/{classification.ENSEMBLE}/%2e%2e/{STEP}/infer", 404, 404),
     ("POST", "//v2//repository/index", 403, 403),
-    ("GET", f"/v2/models/{spec.ENSEMBLE.upper()}", 404, 404),
+    ("GET", f"/v2/models/{classification.ENSEMBLE.upper()}", 404, 404),
 ]
 
 
@@ -99,7 +98,12 @@ def test_tenants_reach_only_the_served_models_over_http(
 
 
 def test_served_models_health_and_metadata_pass(gateway, photos):
-    for path in ("/v2", "/v2/health/live", "/v2/health/ready", f"/v2/models/{spec.ENSEMBLE}"):
+    for path in (
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+        f"/v2/models/{classification.ENSEMBLE}",
+    ):
         assert call(gateway.http_url, "GET", path)[0] == 200, path
     with ClassifyClient(gateway.http_url) as client:
         (top,) = client.classify([photos["chelsea"]])
@@ -125,7 +129,7 @@ def test_tenants_reach_only_the_served_models_over_grpc(gateway, server):
             (lambda s: s.ServerLive, service_pb2.ServerLiveRequest(), grpc.StatusCode.OK),
             (
                 lambda s: s.ModelMetadata,
-                service_pb2.ModelMetadataRequest(name=spec.ENSEMBLE),
+                service_pb2.ModelMetadataRequest(name=classification.ENSEMBLE),
                 grpc.StatusCode.OK,
             ),
             (
@@ -140,12 +144,12 @@ def test_tenants_reach_only_the_served_models_over_grpc(gateway, server):
             ),
             (
                 lambda s: s.ModelConfig,
-                service_pb2.ModelConfigRequest(name=spec.ENSEMBLE),
+                service_pb2.ModelConfigRequest(name=classification.ENSEMBLE),
                 grpc.StatusCode.PERMISSION_DENIED,
             ),
             (
                 lambda s: s.ModelStatistics,
-                service_pb2.ModelStatisticsRequest(name=spec.ENSEMBLE),
+                service_pb2.ModelStatisticsRequest(name=classification.ENSEMBLE),
                 grpc.StatusCode.PERMISSION_DENIED,
             ),
             (
@@ -165,7 +169,7 @@ def test_tenants_reach_only_the_served_models_over_grpc(gateway, server):
                 assert grpc_code(method(stubs[1]), request) != expected, request
         # One stream could carry thousands of inferences past the buckets: refused whole.
         stream = stubs[0].ModelStreamInfer(
-            iter([service_pb2.ModelInferRequest(model_name=spec.ENSEMBLE)]), timeout=30
+            iter([service_pb2.ModelInferRequest(model_name=classification.ENSEMBLE)]), timeout=30
         )
         with pytest.raises(grpc.RpcError) as refused:
             list(stream)
@@ -177,13 +181,16 @@ def test_operator_addresses_read_configs_and_statistics(server, tmp_path):
     with Nginx(
         [server.http_url], [server.grpc_url], log_path=tmp_path / "n.log", operators=["127.0.0.1"]
     ) as nginx:
-        for path in (f"/v2/models/{spec.ENSEMBLE}/config", f"/v2/models/{spec.ENSEMBLE}/stats"):
+        for path in (
+            f"/v2/models/{classification.ENSEMBLE}/config",
+            f"/v2/models/{classification.ENSEMBLE}/stats",
+        ):
             assert call(nginx.http_url, "GET", path)[0] == 200, path
         with grpc.insecure_channel(nginx.grpc_url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            config = stub.ModelConfig(service_pb2.ModelConfigRequest(name=spec.ENSEMBLE))
-            assert config.config.name == spec.ENSEMBLE
-            stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name=spec.ENSEMBLE))
+            config = stub.ModelConfig(service_pb2.ModelConfigRequest(name=classification.ENSEMBLE))
+            assert config.config.name == classification.ENSEMBLE
+            stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name=classification.ENSEMBLE))
             # The admin APIs stay refused.
             assert (
                 grpc_code(stub.RepositoryIndex, service_pb2.RepositoryIndexRequest())
@@ -286,7 +293,7 @@ def test_admin_keys_never_reach_triton_and_bodies_arrive_unchunked(tmp_path):
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
         conn.request(
             "POST",
-            f"/v2/models/{spec.ENSEMBLE}/infer",
+            f"/v2/models/{classification.ENSEMBLE}/infer",
             body=iter(parts),
             headers={"admin-key": "guessed", "X-Api-Key": KEY},
             encode_chunked=True,
@@ -298,32 +305,35 @@ def test_admin_keys_never_reach_triton_and_bodies_arrive_unchunked(tmp_path):
         assert "admin-key" not in names and "transfer-encoding" not in names, headers
         assert headers["Content-Length"] == str(len(b"".join(parts))) and body == b"".join(parts)
 
-        request = service_pb2.ModelInferRequest(model_name=spec.ENSEMBLE)
+        request = service_pb2.ModelInferRequest(model_name=classification.ENSEMBLE)
         secrets = [("admin-key", "guessed"), ("triton-grpc-protocol-admin-key", "guessed")]
         with grpc.insecure_channel(nginx.grpc_url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             # The exact key, then the same key in other letters: a different (unknown) key.
             for key in (KEY, KEY.lower()):
                 stub.ModelInfer(request, timeout=30, metadata=[*secrets, ("x-api-key", key)])
-        assert [model for _, model in upstream.grpc] == [spec.ENSEMBLE] * 2
+        assert [model for _, model in upstream.grpc] == [classification.ENSEMBLE] * 2
         for metadata, _ in upstream.grpc:
             assert not {"admin-key", "triton-grpc-protocol-admin-key"} & set(metadata), metadata
 
         # A body far beyond nginx's 64 KiB buffer: written to a file, the model read from it,
         # and the whole of it passed on.
-        large = service_pb2.ModelInferRequest(model_name=spec.ENSEMBLE)
+        large = service_pb2.ModelInferRequest(model_name=classification.ENSEMBLE)
         large.raw_input_contents.append(bytes(range(256)) * (6 << 12))  # 6 MiB
         with grpc.insecure_channel(nginx.grpc_url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             stub.ModelInfer(large, timeout=30, metadata=[("x-api-key", KEY)])
-        assert upstream.grpc[-1][1] == spec.ENSEMBLE and upstream.grpc_sizes[-1] == large.ByteSize()
+        assert (
+            upstream.grpc[-1][1] == classification.ENSEMBLE
+            and upstream.grpc_sizes[-1] == large.ByteSize()
+        )
         # gRPC has the per-model buckets HTTP has: nginx found the model in the body.
         logged = shaping_lines(nginx, 4)
         assert [(line["protocol"], line["model"], line["tenant"]) for line in logged] == [
-            ("http", spec.ENSEMBLE, "team"),
-            ("grpc", spec.ENSEMBLE, "team"),
-            ("grpc", spec.ENSEMBLE, shaping.ANONYMOUS),
-            ("grpc", spec.ENSEMBLE, "team"),
+            ("http", classification.ENSEMBLE, "team"),
+            ("grpc", classification.ENSEMBLE, "team"),
+            ("grpc", classification.ENSEMBLE, shaping.ANONYMOUS),
+            ("grpc", classification.ENSEMBLE, "team"),
         ]
 
 
@@ -392,7 +402,7 @@ def test_slow_and_greedy_clients_leave_the_gateway_serving_others(server, photos
         host, port = nginx.http_url.split(":")
         address = (host, int(port))
         before = rss(nginx)
-        path = f"/v2/models/{spec.ENSEMBLE}/infer"
+        path = f"/v2/models/{classification.ENSEMBLE}/infer"
         # Headers that never end, and bodies that stall after 3 MiB: each holds a connection.
         unfinished = f"POST {path} HTTP/1.1\r\n".encode()
         slow_heads = [hostile(address, unfinished) for _ in range(CONNS)]

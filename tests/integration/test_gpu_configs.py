@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from client.classify import ClassifyClient
-from pipelines import classification as spec
+from pipelines import classification
 from server import Server
 from tests import gpu_check
 from tests.integration.test_classify import assert_matches_reference
@@ -30,11 +30,11 @@ def gpu_local_server(tmp_path_factory):
 
 def test_gpu_groups_become_cpu_groups_without_a_gpu(gpu_local_server):
     client = httpclient.InferenceServerClient(gpu_local_server.http_url)
-    for model in (spec.CLASSIFIER, spec.PREPROCESS):
+    for model in (classification.CLASSIFIER, classification.PREPROCESS):
         groups = client.get_model_config(model)["instance_group"]
         assert [g["kind"] for g in groups] == ["KIND_CPU"], groups
         assert groups[0]["count"] == 1  # instances_per_gpu overrides the config's count
-    config = client.get_model_config(spec.CLASSIFIER)
+    config = client.get_model_config(classification.CLASSIFIER)
     assert config["backend"] == "python"
     assert config["parameters"]["runtime"]["string_value"] == "torch"
 

@@ -22,7 +22,7 @@ import yaml
 from client.embed import EmbedClient
 from model_config import parse, resolve
 from paths import MODEL_REPOSITORY
-from pipelines import embedding as spec
+from pipelines import embedding
 from server.launcher import free_port
 from tests.helpers import prometheus_tool
 
@@ -115,7 +115,7 @@ def test_ensemble_compute_repeats_its_steps_compute(server):
     steps = {
         s.model_name
         for s in resolve(
-            MODEL_REPOSITORY / spec.ENSEMBLE, server.config.model_config_name
+            MODEL_REPOSITORY / embedding.ENSEMBLE, server.config.model_config_name
         ).ensemble_scheduling.step
     }
     _, before = scrape(server)
@@ -125,7 +125,7 @@ def test_ensemble_compute_repeats_its_steps_compute(server):
         _, after = scrape(server)
         return tuple(
             total(after, COMPUTE, models) - total(before, COMPUTE, models)
-            for models in ({spec.ENSEMBLE}, steps)
+            for models in ({embedding.ENSEMBLE}, steps)
         )
 
     ensemble, summed = settled(deltas, lambda d: d[0] > 0)

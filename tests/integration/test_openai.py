@@ -31,7 +31,7 @@ from client.embed import EmbedClient
 from gateway import shaping
 from gateway.metrics import ShapingMetrics, count_line
 from gateway.nginx import Nginx, OpenAI
-from pipelines import embedding as spec
+from pipelines import embedding, tokenization
 from server import Server, ServerConfig
 from tests.helpers import batched_in_some_burst, encoder_alone
 
@@ -57,10 +57,10 @@ LIMITS = shaping.parse_limits(
     }
 )
 MODELS = [
-    spec.ENSEMBLE,
-    spec.INT8_ENSEMBLE,
-    *spec.OPENAI_MODELS.values(),
-    spec.TEXTS_ENSEMBLE,
+    embedding.ENSEMBLE,
+    embedding.INT8_ENSEMBLE,
+    *embedding.OPENAI_MODELS.values(),
+    embedding.TEXTS_ENSEMBLE,
 ]
 SENTENCES = [
     "A man is eating food.",
@@ -93,11 +93,11 @@ def sdk(gateway, key: str = CALM_KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://{gateway.http_url}/v1", api_key=key, max_retries=0)
 
 
-def reference(server, texts: list[str], model: str = spec.ENSEMBLE) -> np.ndarray:
+def reference(server, texts: list[str], model: str = embedding.ENSEMBLE) -> np.ndarray:
     """What Triton's own model answers for these texts (the vectors every client must get)."""
     with EmbedClient(server.http_url, "http", model=model) as client:
-        chunks = range(0, len(texts), spec.MAX_TEXTS)
-        return np.concatenate([client.embed(texts[i : i + spec.MAX_TEXTS]) for i in chunks])
+        chunks = range(0, len(texts), embedding.MAX_TEXTS)
+        return np.concatenate([client.embed(texts[i : i + embedding.MAX_TEXTS]) for i in chunks])
 
 
 def assert_same_vectors(got, want) -> None:
@@ -109,11 +109,11 @@ def assert_same_vectors(got, want) -> None:
 
 def tokens(texts: list[str]) -> int:
     """Word pieces the model's own tokenizer makes of the texts (truncated at 256 each)."""
-    return sum(len(ids) for ids in spec.encode(texts)[0])
+    return sum(len(ids) for ids in tokenization.encode(texts)[0])
 
 
 # OpenAI's SDK ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", list(spec.OPENAI_MODELS))
+@pytest.mark.parametrize("model", list(embedding.OPENAI_MODELS))
 def test_floats_and_base64_are_the_models_vectors_with_their_token_usage(server, gateway, model):
     client = sdk(gateway)
     floats = client.embeddings.create(model=model, input=SENTENCES, encoding_format="float")
@@ -144,7 +144,7 @@ def test_a_list_of_100_texts_comes_back_in_order(server, gateway):
 
 def test_models_are_listed_and_an_unknown_one_is_404(gateway):
     client = sdk(gateway)
-    assert [m.id for m in client.models.list().data] == list(spec.OPENAI_MODELS)
+    assert [m.id for m in client.models.list().data] == list(embedding.OPENAI_MODELS)
     with pytest.raises(openai.NotFoundError) as err:
         client.embeddings.create(model="text-embedding-3-small", input="hello")
     assert err.value.body["code"] == "model_not_found"
@@ -156,7 +156,7 @@ def test_over_long_texts_are_truncated_at_256_word_pieces_and_counted(server, ga
     result = sdk(gateway).embeddings.create(
         model="embed", input=[long_, SENTENCES[0]], encoding_format="float"
     )
-    assert result.usage.prompt_tokens == spec.MAX_TOKENS + tokens(SENTENCES[:1])
+    assert result.usage.prompt_tokens == embedding.MAX_TOKENS + tokens(SENTENCES[:1])
     assert_same_vectors(
         [d.embedding for d in result.data], reference(server, [long_, SENTENCES[0]])
     )
@@ -170,8 +170,12 @@ BAD_CALLS = {
     "null item": ({"input": [None]}, 400, "'input[0]' must be a string, not null"),
     "token ids": ({"input": [[101, 7592, 102]]}, 400, "token ids are not supported"),
     "flat token ids": ({"input": [101, 7592, 102]}, 400, "token ids are not supported"),
-    "too many": ({"input": ["t"] * (spec.MAX_OPENAI_INPUTS + 1)}, 413, "at most 2048"),
-    "dimensions": ({"input": "x", "dimensions": 64}, 400, f"have {spec.HIDDEN_SIZE} dimensions"),
+    "too many": ({"input": ["t"] * (embedding.MAX_OPENAI_INPUTS + 1)}, 413, "at most 2048"),
+    "dimensions": (
+        {"input": "x", "dimensions": 64},
+        400,
+        f"have {embedding.HIDDEN_SIZE} dimensions",
+    ),
     "encoding": ({"input": "x", "encoding_format": "int8"}, 400, "'float' or 'base64'"),
     "whitespace only": ({"input": ["   "]}, 400, "only whitespace"),
     "no model": ({"input": "x", "model": None}, 400, "'model' must be the name of a model"),
@@ -247,7 +251,7 @@ def test_a_tenant_over_its_bucket_gets_429_with_retry_after(gateway):
 
 def test_a_call_of_many_texts_takes_one_token(gateway):
     client = sdk(gateway, PAIR_KEY)
-    texts = [f"chunked text {i}" for i in range(3 * spec.MAX_TEXTS)]  # three Triton requests
+    texts = [f"chunked text {i}" for i in range(3 * embedding.MAX_TEXTS)]  # three Triton requests
     for _ in range(2):  # the bucket holds two tokens
         assert len(client.embeddings.create(model="embed", input=texts).data) == len(texts)
     with pytest.raises(openai.RateLimitError):
@@ -312,14 +316,14 @@ def test_503_while_the_model_is_not_loaded_and_200_once_it_is(server, gateway):
     client = sdk(gateway)
     headers = server.admin_headers("http")
     with httpclient.InferenceServerClient(server.http_url) as admin:
-        admin.unload_model(spec.OPENAI_MODELS["embed_int8"], headers=headers)
+        admin.unload_model(embedding.OPENAI_MODELS["embed_int8"], headers=headers)
         try:
             with pytest.raises(openai.InternalServerError) as err:
                 client.embeddings.create(model="embed_int8", input="not yet")
             assert err.value.status_code == 503 and err.value.body["code"] == "model_not_ready"
             assert err.value.response.headers["retry-after"] == "1"
         finally:
-            admin.load_model(spec.OPENAI_MODELS["embed_int8"], headers=headers)
+            admin.load_model(embedding.OPENAI_MODELS["embed_int8"], headers=headers)
     assert client.embeddings.create(model="embed_int8", input="ready again").data
 
 
@@ -346,8 +350,8 @@ def litellm():
 def test_litellm_triton_provider_gets_embeds_vectors(server, gateway, litellm, via):
     base = server.http_url if via == "server" else gateway.http_url
     result = litellm.embedding(
-        model=f"triton/{spec.TEXTS_ENSEMBLE}",
-        api_base=f"http://{base}/v2/models/{spec.TEXTS_ENSEMBLE}/infer",
+        model=f"triton/{embedding.TEXTS_ENSEMBLE}",
+        api_base=f"http://{base}/v2/models/{embedding.TEXTS_ENSEMBLE}/infer",
         input=SENTENCES,
     )
     assert [d["index"] for d in result.data] == [0, 1, 2]
@@ -371,15 +375,18 @@ def test_llamaindex_nvidia_triton_call_shape(server, gateway, via):
     """llama_index.embeddings.nvidia_triton.NvidiaTritonEmbedding.get_general_text_embeddings,
     with input_tensor_name="input_text" and output_tensor_name="EMBEDDING"."""
     url = server.http_url if via == "server" else gateway.http_url
-    input_data = httpclient.InferInput(spec.TEXTS, [len(SENTENCES)], "BYTES")
+    input_data = httpclient.InferInput(embedding.TEXTS, [len(SENTENCES)], "BYTES")
     input_data.set_data_from_numpy(np.array(SENTENCES, dtype=np.object_))
-    output_data = httpclient.InferRequestedOutput(spec.EMBEDDING)
+    output_data = httpclient.InferRequestedOutput(embedding.EMBEDDING)
     client = httpclient.InferenceServerClient(url=url)
     response = client.infer(
-        model_name=spec.TEXTS_ENSEMBLE, inputs=[input_data], outputs=[output_data], request_id="7"
+        model_name=embedding.TEXTS_ENSEMBLE,
+        inputs=[input_data],
+        outputs=[output_data],
+        request_id="7",
     )
     client.close()
-    embeddings = [e.tolist() for e in response.as_numpy(spec.EMBEDDING)]
+    embeddings = [e.tolist() for e in response.as_numpy(embedding.EMBEDDING)]
     assert_same_vectors(embeddings, reference(server, SENTENCES))
 
 
@@ -432,9 +439,9 @@ def test_1d_requests_are_batched_with_each_other(server, encoder_onnx):
         def one(i: int) -> None:
             texts = [f"burst {n} text {i} a", f"burst {n} text {i} b"]
             with httpclient.InferenceServerClient(server.http_url) as client:
-                tensor = httpclient.InferInput(spec.TEXTS, [2], "BYTES")
+                tensor = httpclient.InferInput(embedding.TEXTS, [2], "BYTES")
                 tensor.set_data_from_numpy(np.array(texts, dtype=np.object_))
-                got = client.infer(spec.TEXTS_ENSEMBLE, [tensor]).as_numpy(spec.EMBEDDING)
+                got = client.infer(embedding.TEXTS_ENSEMBLE, [tensor]).as_numpy(embedding.EMBEDDING)
             assert_same_vectors(got, alone(texts))
 
         with httpclient.InferenceServerClient(server.http_url) as stats:
@@ -446,7 +453,7 @@ def test_1d_requests_are_batched_with_each_other(server, encoder_onnx):
     def executions(client) -> int:
         (version,) = [
             v
-            for v in client.get_inference_statistics(spec.TOKENIZE_ENCODE)["model_stats"]
+            for v in client.get_inference_statistics(embedding.TOKENIZE_ENCODE)["model_stats"]
             if v["version"] == "1"
         ]
         return int(version["execution_count"])
@@ -459,19 +466,21 @@ def test_1d_requests_are_batched_with_each_other(server, encoder_onnx):
 
 def test_a_bad_text_fails_only_its_1d_request(server):
     with httpclient.InferenceServerClient(server.http_url) as client:
-        bad = httpclient.InferInput(spec.TEXTS, [2], "BYTES")
+        bad = httpclient.InferInput(embedding.TEXTS, [2], "BYTES")
         bad.set_data_from_numpy(np.array([b"fine", b"\xff\xfe"], dtype=np.object_))
         with pytest.raises(Exception, match="not UTF-8"):
-            client.infer(spec.TEXTS_ENSEMBLE, [bad])
-        good = httpclient.InferInput(spec.TEXTS, [1], "BYTES")
+            client.infer(embedding.TEXTS_ENSEMBLE, [bad])
+        good = httpclient.InferInput(embedding.TEXTS, [1], "BYTES")
         good.set_data_from_numpy(np.array(["fine"], dtype=np.object_))
-        assert client.infer(spec.TEXTS_ENSEMBLE, [good]).as_numpy(spec.EMBEDDING).shape == (1, 384)
+        assert client.infer(embedding.TEXTS_ENSEMBLE, [good]).as_numpy(
+            embedding.EMBEDDING
+        ).shape == (1, 384)
 
 
 def test_openai_calls_get_the_per_text_cache_of_the_step_they_reach(server, gateway):
     from tests.helpers import change, scrape
 
-    step = {"model": spec.TOKENIZE_ENCODE, "version": "1"}
+    step = {"model": embedding.TOKENIZE_ENCODE, "version": "1"}
     client = sdk(gateway)
     first = client.embeddings.create(model="embed", input=["cached for the sdk", "and this"])
     before = scrape(server)

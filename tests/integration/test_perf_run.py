@@ -21,8 +21,7 @@ from bench.harness.plan import Plan
 from bench.harness.runner import Runner
 from bench.report.markdown import write_markdown
 from bench.report.points import load
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from processes import guard
 
 pytestmark = pytest.mark.integration
@@ -32,8 +31,8 @@ def small_plan() -> Plan:
     return Plan(
         rounds=1,
         main={
-            (cspec.ENSEMBLE, "grpc", "binary"): [1, 4],
-            (espec.ENSEMBLE, "grpc", "binary"): [1, 4],
+            (classification.ENSEMBLE, "grpc", "binary"): [1, 4],
+            (embedding.ENSEMBLE, "grpc", "binary"): [1, 4],
             ("embed_int8", "grpc", "binary"): [1],
         },
         others={},
@@ -74,9 +73,9 @@ def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
         lines.append((time.monotonic(), line))
         # Half a second into the next case (c=4: 1 s windows, several of them).
         if line.startswith("[") and "c=1" in line:
-            if cspec.ENSEMBLE + " " in line:
+            if classification.ENSEMBLE + " " in line:
                 threading.Timer(0.5, hit_the_server, [signal.SIGKILL]).start()
-            elif espec.ENSEMBLE + " " in line:
+            elif embedding.ENSEMBLE + " " in line:
                 threading.Timer(0.5, hit_the_server, [signal.SIGSTOP]).start()
 
     runner = Runner(small_plan(), tmp_path, server_cpus, client_cpus, progress)
@@ -87,10 +86,10 @@ def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
     print(text)
 
     assert [(row.case.model, row.case.level) for row in runner.rows] == [
-        (cspec.ENSEMBLE, 1),
-        (cspec.ENSEMBLE, 4),
-        (espec.ENSEMBLE, 1),
-        (espec.ENSEMBLE, 4),
+        (classification.ENSEMBLE, 1),
+        (classification.ENSEMBLE, 4),
+        (embedding.ENSEMBLE, 1),
+        (embedding.ENSEMBLE, 4),
         ("embed_int8", 1),
     ]
     ok = [runner.rows[i] for i in (0, 2, 4)]

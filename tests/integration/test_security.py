@@ -29,8 +29,7 @@ from tritonclient.utils import InferenceServerException
 from client.classify import ClassifyClient
 from client.embed import EmbedClient
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding
+from pipelines import classification, embedding
 from server import Server, ServerConfig
 from server.launcher import ADMIN_APIS, free_port
 from tests.helpers import REPO
@@ -96,7 +95,7 @@ def test_http_admin_calls_with_the_key_work(server):
     key = server.admin_headers("http")
     status, text = http_call(server, "POST", "/v2/repository/index", {}, key)
     assert status == 200
-    assert {spec.ENSEMBLE, embedding.ENSEMBLE} <= {m["name"] for m in json.loads(text)}
+    assert {classification.ENSEMBLE, embedding.ENSEMBLE} <= {m["name"] for m in json.loads(text)}
     status, text = http_call(server, "GET", "/v2/logging", headers=key)
     assert status == 200 and json.loads(text)["log_info"] is True
     assert http_call(server, "GET", "/v2/systemsharedmemory/status", headers=key) == (200, "[]")
@@ -151,7 +150,7 @@ def test_grpc_admin_calls_with_the_key_work(server):
     key = server.admin_headers("grpc")
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         index = client.get_model_repository_index(headers=key, as_json=True)
-        assert {spec.ENSEMBLE, embedding.ENSEMBLE} <= {m["name"] for m in index["models"]}
+        assert {classification.ENSEMBLE, embedding.ENSEMBLE} <= {m["name"] for m in index["models"]}
         log = client.get_log_settings(headers=key, as_json=True)
         assert log["settings"]["log_info"]["bool_param"] is True
         assert client.get_system_shared_memory_status(headers=key, as_json=True) == {}
@@ -164,11 +163,11 @@ def test_inference_health_metadata_and_statistics_need_no_key(server, photos, pr
     url = server.http_url if protocol == "http" else server.grpc_url
     with mod.InferenceServerClient(url) as client:
         assert client.is_server_live() and client.is_server_ready()
-        assert client.is_model_ready(spec.ENSEMBLE)
+        assert client.is_model_ready(classification.ENSEMBLE)
         assert client.get_server_metadata()
-        assert client.get_model_metadata(spec.ENSEMBLE)
-        assert client.get_model_config(spec.PREPROCESS)
-        assert client.get_inference_statistics(spec.PREPROCESS)
+        assert client.get_model_metadata(classification.ENSEMBLE)
+        assert client.get_model_config(classification.PREPROCESS)
+        assert client.get_inference_statistics(classification.PREPROCESS)
     with ClassifyClient(url, protocol) as classify:
         assert classify.classify([photos["chelsea"]])[0].class_ids
 
@@ -345,7 +344,9 @@ def refusal(server, protocol: str, model: str, name: str, item: bytes) -> Infere
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_an_80_mib_image_is_refused_cleanly_and_the_server_serves_on(server, photos, protocol):
     size = 80 << 20
-    error = refusal(server, protocol, spec.ENSEMBLE, spec.IMAGE, os.urandom(size))
+    error = refusal(
+        server, protocol, classification.ENSEMBLE, classification.IMAGE, os.urandom(size)
+    )
     assert f"IMAGE[0]: not an image: cannot identify format of {size} bytes" in error.message()
     url = server.http_url if protocol == "http" else server.grpc_url
     with ClassifyClient(url, protocol) as classify:

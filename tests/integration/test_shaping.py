@@ -49,7 +49,7 @@ from client.embed import build_inputs
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx import Nginx
-from pipelines import embedding as spec
+from pipelines import embedding
 from server import Server, ServerConfig
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ RETRY_AFTER = str(LIMITS.tenants[shaping.ANONYMOUS].retry_after)  # "60"
 UNSHAPED = limits(OPEN, OPEN)
 EXTRA_ARGS = [
     "--model-control-mode=explicit",
-    f"--load-model={spec.ENSEMBLE}",
+    f"--load-model={embedding.ENSEMBLE}",
     f"--load-model={INT8}",
 ]
 # The calm tenant's requests take long enough (8 texts) that a few milliseconds of a busy
@@ -395,7 +395,7 @@ def check(run: Run, limit: shaping.Limit, shares_step: bool = True) -> None:
 # (what floods: its key, the model it sends to, the bucket that holds it, and whether it
 # shares the calm tenant's step, so that unshaped it holds the calm requests up)
 FLOODS = {
-    "tenant": (FLOOD_KEY, spec.ENSEMBLE, FLOOD, True),
+    "tenant": (FLOOD_KEY, embedding.ENSEMBLE, FLOOD, True),
     # This tenant's own bucket is wide open: only the model's holds it.
     "model": (WIDE_KEY, INT8, MODEL, False),
 }
@@ -413,7 +413,7 @@ def test_nginx_holds_a_flood_to_its_bucket_and_spares_the_calm_tenant(gateway, b
             *(
                 (
                     c.sender(key, model, f"{bucket}-flood", FLOOD_TEXTS),
-                    c.sender(CALM_KEY, spec.ENSEMBLE, f"{bucket}-calm", CALM_TEXTS),
+                    c.sender(CALM_KEY, embedding.ENSEMBLE, f"{bucket}-calm", CALM_TEXTS),
                 )
                 for c in clients
             ),
@@ -445,7 +445,9 @@ def test_refusals_carry_retry_after_over_http(gateway):
             + b'"]}]}'
         )
         request = urllib.request.Request(
-            f"http://{nginx.http_url}/v2/models/{spec.ENSEMBLE}/infer", data=body, method="POST"
+            f"http://{nginx.http_url}/v2/models/{embedding.ENSEMBLE}/infer",
+            data=body,
+            method="POST",
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
@@ -458,7 +460,7 @@ def test_refusals_carry_retry_after_over_http(gateway):
     # Health and metadata are never shaped, however empty the bucket.
     with httpclient.InferenceServerClient(nginx.http_url) as client:
         for _ in range(5):
-            assert client.is_server_ready() and client.get_model_metadata(spec.ENSEMBLE)
+            assert client.is_server_ready() and client.get_model_metadata(embedding.ENSEMBLE)
 
 
 def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
@@ -467,15 +469,17 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
 
     nginx, exporter, _ = gateway
     # A tenant's bucket is shared by HTTP and gRPC: the anonymous one (1/min) is spent over HTTP.
-    before = metric(exporter, shaping.ANONYMOUS, spec.ENSEMBLE, "refused", "grpc")
+    before = metric(exporter, shaping.ANONYMOUS, embedding.ENSEMBLE, "refused", "grpc")
     http = Client(nginx.http_url, "http")
     try:
-        spent = send_at_rate(http.sender("no-such-key-0", spec.ENSEMBLE, "spend", 1), 200, 0, 0.02)
+        spent = send_at_rate(
+            http.sender("no-such-key-0", embedding.ENSEMBLE, "spend", 1), 200, 0, 0.02
+        )
     finally:
         http.close()
     assert spent.refused >= 1 and not spent.failed
-    request = service_pb2.ModelInferRequest(model_name=spec.ENSEMBLE)
-    text = request.inputs.add(name=spec.TEXT, datatype="BYTES", shape=[1, 1])
+    request = service_pb2.ModelInferRequest(model_name=embedding.ENSEMBLE)
+    text = request.inputs.add(name=embedding.TEXT, datatype="BYTES", shape=[1, 1])
     text.contents.bytes_contents.append(b"over the rate")
     with grpc.insecure_channel(nginx.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -488,7 +492,7 @@ def test_grpc_refusals_are_resource_exhausted_with_retry_after(gateway):
     )
     deadline = time.monotonic() + 10
     # gateway/grpc.js reads the model from the body, so gRPC has per-model counts too.
-    while metric(exporter, shaping.ANONYMOUS, spec.ENSEMBLE, "refused", "grpc") == before:
+    while metric(exporter, shaping.ANONYMOUS, embedding.ENSEMBLE, "refused", "grpc") == before:
         assert time.monotonic() < deadline, "the exporter did not count the gRPC refusal"
         time.sleep(0.1)
 
@@ -497,7 +501,7 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
     """nginx's $request_time and $upstream_response_time reach the exporter's histograms."""
     nginx, exporter, _ = gateway
     tenant = LIMITS.keys[CALM_KEY]
-    labels = {"gateway": "nginx", "tenant": tenant, "model": spec.ENSEMBLE}
+    labels = {"gateway": "nginx", "tenant": tenant, "model": embedding.ENSEMBLE}
 
     def timed(name: str, suffix: str) -> float:
         return exporter.registry.get_sample_value(f"{name}{suffix}", labels) or 0.0
@@ -511,7 +515,7 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
     for protocol, url in (("http", nginx.http_url), ("grpc", nginx.grpc_url)):
         client = Client(url, protocol)
         try:
-            send = client.sender(CALM_KEY, spec.ENSEMBLE, f"timed-{protocol}", 2)
+            send = client.sender(CALM_KEY, embedding.ENSEMBLE, f"timed-{protocol}", 2)
             for i in range(2):  # within the calm tenant's bucket: none refused
                 started = time.monotonic()
                 send(i)

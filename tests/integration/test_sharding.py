@@ -22,7 +22,7 @@ from client import connection
 from client.embed import build_inputs
 from client.router import Router, is_retryable
 from gateway.nginx import USER_ID_HEADER, Nginx, check_config, render
-from pipelines import embedding as spec
+from pipelines import embedding
 from server import Server, ServerConfig
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 NAMES = ("shard-0", "shard-1", "shard-2")
 # Only the embed pipeline: three servers stay light on two cores.
-EXTRA_ARGS = ["--model-control-mode=explicit", f"--load-model={spec.ENSEMBLE}"]
+EXTRA_ARGS = ["--model-control-mode=explicit", f"--load-model={embedding.ENSEMBLE}"]
 USERS = [f"user-{i}" for i in range(300)]
 LOAD_THREADS = 4
 HARD_DEADLINE_S = 60.0  # no load in this module may run longer, whatever happens
@@ -112,7 +112,7 @@ def embed_stats(server: Server) -> dict[str, int]:
     import tritonclient.http as http
 
     with http.InferenceServerClient(server.http_url) as client:
-        (stats,) = client.get_inference_statistics(spec.ENSEMBLE)["model_stats"]
+        (stats,) = client.get_inference_statistics(embedding.ENSEMBLE)["model_stats"]
     return {k: int(stats["inference_stats"][k]["count"]) for k in ("success", "fail")}
 
 
@@ -190,13 +190,13 @@ class Load:
 
 def router_sender(router: Router):
     """A Load sender over ``router`` with HTTP/gRPC inputs built per request."""
-    outputs_names = [spec.EMBEDDING]
+    outputs_names = [embedding.EMBEDDING]
 
     def send(user: str) -> tuple[str, int]:
         inputs = build_inputs(router.mod, [text_of(user)])
         outputs = connection.make_outputs(router.mod, outputs_names)
-        routed = router.route(user, spec.ENSEMBLE, inputs, outputs)
-        assert routed.result.as_numpy(spec.EMBEDDING).shape == (1, spec.HIDDEN_SIZE)
+        routed = router.route(user, embedding.ENSEMBLE, inputs, outputs)
+        assert routed.result.as_numpy(embedding.EMBEDDING).shape == (1, embedding.HIDDEN_SIZE)
         return routed.shard, len(routed.attempts)
 
     return send
@@ -241,7 +241,7 @@ def test_a_bad_request_is_refused_once_and_not_retried(cluster, protocol):
     with Router(cluster.urls(protocol), protocol, health_interval=None) as router:
         before = {n: embed_stats(cluster.servers[n]) for n in NAMES}
         with pytest.raises(InferenceServerException) as refused:
-            router.infer(user, spec.ENSEMBLE, build_inputs(router.mod, [b""]))
+            router.infer(user, embedding.ENSEMBLE, build_inputs(router.mod, [b""]))
         after = {n: embed_stats(cluster.servers[n]) for n in NAMES}
         assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
         assert "empty text" in refused.value.message()
@@ -387,9 +387,9 @@ def nginx_sender(protocol: str, url: str):
             started = time.monotonic()
             try:
                 result = client.infer(
-                    spec.ENSEMBLE,
+                    embedding.ENSEMBLE,
                     build_inputs(mod, [text_of(user)]),
-                    outputs=connection.make_outputs(mod, [spec.EMBEDDING]),
+                    outputs=connection.make_outputs(mod, [embedding.EMBEDDING]),
                     headers={header: user},
                     **kwargs,
                 )
@@ -398,7 +398,7 @@ def nginx_sender(protocol: str, url: str):
                     raise
                 retried.append((started, time.monotonic(), str(exc)))
                 continue
-            assert result.as_numpy(spec.EMBEDDING).shape == (1, spec.HIDDEN_SIZE)
+            assert result.as_numpy(embedding.EMBEDDING).shape == (1, embedding.HIDDEN_SIZE)
             return None, attempt
         raise AssertionError("unreachable")
 

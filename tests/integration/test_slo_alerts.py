@@ -22,7 +22,7 @@ import yaml
 from bench import overload
 from monitoring import slo
 from paths import DOCKER
-from pipelines import classification as cspec
+from pipelines import classification
 from server import Server
 from tests.alerting import Alertmanager, Prometheus, WebhookReceiver
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 SCALE = 60  # an hour of the real rules is a minute here; 5 minutes, 5 s
 ALERT = "SLOAvailabilityFastBurn"
-SLO = f"{cspec.ENSEMBLE}-{slo.AVAILABILITY}"
+SLO = f"{classification.ENSEMBLE}-{slo.AVAILABILITY}"
 # Far over what two cores serve (about 60 images/s here, half that on a busy machine), for long
 # enough that the 1-minute ("1h") window holds far over min_requests.
 RATE, SECONDS = 150.0, 20.0
@@ -102,5 +102,8 @@ def test_an_overload_pages_through_alertmanager_and_the_page_resolves(tmp_path, 
     _, payload = fired
     assert payload["receiver"] == "page" and payload["status"] == "firing"
     (alert,) = [a for a in payload["alerts"] if a["labels"]["slo"] == SLO]
-    assert alert["labels"]["severity"] == "page" and alert["labels"]["model"] == cspec.ENSEMBLE
+    assert (
+        alert["labels"]["severity"] == "page"
+        and alert["labels"]["model"] == classification.ENSEMBLE
+    )
     assert alert["annotations"]["runbook_url"].endswith("#sloavailabilityfastburn")

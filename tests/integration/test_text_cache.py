@@ -262,13 +262,15 @@ def embed_via(url: str, texts: list[str], user: str | None = None) -> np.ndarray
     """One embed request of ``texts`` over HTTP (through nginx: hashed by ``user``)."""
     import tritonclient.http as http
 
-    from pipelines import embedding as spec
+    from pipelines import embedding
 
     with http.InferenceServerClient(url) as client:
-        tensor = http.InferInput(spec.TEXT, [len(texts), 1], "BYTES")
+        tensor = http.InferInput(embedding.TEXT, [len(texts), 1], "BYTES")
         tensor.set_data_from_numpy(np.array([t.encode() for t in texts], np.object_)[:, None])
         headers = {"X-User-Id": user} if user else None
-        return client.infer(spec.ENSEMBLE, [tensor], headers=headers).as_numpy(spec.EMBEDDING)
+        return client.infer(embedding.ENSEMBLE, [tensor], headers=headers).as_numpy(
+            embedding.EMBEDDING
+        )
 
 
 def assert_as_uncached(vectors: np.ndarray, expected: np.ndarray) -> None:

@@ -6,6 +6,9 @@ model_config/ says, and its rendered configs/ file (what Triton reads) is up to 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -14,10 +17,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
 from export import onnx_export
-from model_config import parse, resolve
+from model_config import parse, resolve, signatures
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding as emb
+from pipelines import classification, embedding
 
 # (model folder, variant name) of every overlay; their rendered configs are what Triton reads.
 VARIANTS = [
@@ -29,63 +31,21 @@ CONFIG_FILES = sorted(MODEL_REPOSITORY.glob("*/config.pbtxt")) + [
     model_config.config_path(d, name) for d, name in VARIANTS
 ]
 ENVIRONMENTS = sorted({name for _, name in VARIANTS})
-SHAPE = [spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE]
-
-# The contract of each model, from pipelines.classification: name -> (inputs, outputs).
-CONTRACT = {
-    spec.PREPROCESS: ({spec.IMAGE: (mc.TYPE_STRING, [1])}, {spec.PIXELS: (mc.TYPE_UINT8, SHAPE)}),
-    spec.CLASSIFIER: (
-        {spec.PIXELS: (mc.TYPE_UINT8, SHAPE)},
-        {spec.LOGITS: (mc.TYPE_FP32, [spec.NUM_CLASSES])},
-    ),
-    spec.POSTPROCESS: (
-        {spec.LOGITS: (mc.TYPE_FP32, [spec.NUM_CLASSES]), spec.TOP_K: (mc.TYPE_INT32, [1])},
-        {
-            spec.LABELS: (mc.TYPE_STRING, [-1]),
-            spec.SCORES: (mc.TYPE_FP32, [-1]),
-            spec.CLASS_IDS: (mc.TYPE_INT32, [-1]),
-        },
-    ),
-}
-CONTRACT[spec.ENSEMBLE] = (
-    {spec.IMAGE: CONTRACT[spec.PREPROCESS][0][spec.IMAGE], spec.TOP_K: (mc.TYPE_INT32, [1])},
-    CONTRACT[spec.POSTPROCESS][1],
-)
-CONTRACT[spec.FUSED] = CONTRACT[spec.ENSEMBLE]  # the same pipeline in one step
-TOKENS = {emb.INPUT_IDS: (mc.TYPE_INT64, [-1]), emb.ATTENTION_MASK: (mc.TYPE_INT64, [-1])}
-TEXT = {emb.TEXT: (mc.TYPE_STRING, [1])}
-EMBEDDING = {emb.EMBEDDING: (mc.TYPE_FP32, [emb.HIDDEN_SIZE])}
-COUNTED = {**EMBEDDING, emb.TOKENS: (mc.TYPE_INT32, [1])}  # embeddings and their word pieces
-CONTRACT.update(
-    {
-        emb.TOKENIZE: (TEXT, {**TOKENS, emb.TOKENS: (mc.TYPE_INT32, [1])}),
-        emb.ENCODER: (TOKENS, EMBEDDING),
-        emb.TOKENIZE_ENCODE: (TEXT, COUNTED),
-        emb.ENSEMBLE: (TEXT, EMBEDDING),
-        emb.INT8_ENSEMBLE: (TEXT, EMBEDDING),
-        emb.GRAPH_ENSEMBLE: (TEXT, EMBEDDING),
-        **{ensemble: (TEXT, COUNTED) for ensemble in emb.OPENAI_MODELS.values()},
-        # 1-D batches of texts: no batch dimension of Triton's, the texts' own instead.
-        emb.TEXT_ROWS: ({emb.TEXTS: (mc.TYPE_STRING, [-1])}, {emb.TEXT: (mc.TYPE_STRING, [-1, 1])}),
-        emb.TEXTS_ENSEMBLE: (
-            {emb.TEXTS: (mc.TYPE_STRING, [-1])},
-            {emb.EMBEDDING: (mc.TYPE_FP32, [-1, emb.HIDDEN_SIZE])},
-        ),
-    }
-)
 
 
 def test_a_request_of_texts_holds_what_embed_takes_at_once():
     """texts_as_batch's limit, and the gateway's chunks, are embed's max_batch_size."""
-    for model in (emb.ENSEMBLE, emb.INT8_ENSEMBLE, *emb.OPENAI_MODELS.values()):
-        assert parse(MODEL_REPOSITORY / model / "config.pbtxt").max_batch_size == emb.MAX_TEXTS
-    assert parse(MODEL_REPOSITORY / emb.TEXT_ROWS / "config.pbtxt").max_batch_size == 0
+    for model in (embedding.ENSEMBLE, embedding.INT8_ENSEMBLE, *embedding.OPENAI_MODELS.values()):
+        assert (
+            parse(MODEL_REPOSITORY / model / "config.pbtxt").max_batch_size == embedding.MAX_TEXTS
+        )
+    assert parse(MODEL_REPOSITORY / embedding.TEXT_ROWS / "config.pbtxt").max_batch_size == 0
 
 
-def test_repository_has_the_classification_models():
+def test_every_model_has_a_signature_and_every_signature_a_model():
     assert CONFIG_FILES, "no configs found"
     names = {p.parent.name for p in MODEL_REPOSITORY.glob("*/config.pbtxt")}
-    assert set(CONTRACT) <= names
+    assert set(signatures.SIGNATURES) == names
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(MODEL_REPOSITORY)))
@@ -107,18 +67,60 @@ def test_config_parses_and_follows_conventions(path: Path):
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(MODEL_REPOSITORY)))
-def test_config_matches_the_spec(path: Path):
+def test_config_matches_its_signature(path: Path):
     config = parse(path)
-    if config.name not in CONTRACT:
-        pytest.skip(f"{config.name} is not part of the classification service")
-    inputs, outputs = CONTRACT[config.name]
-    assert {t.name: (t.data_type, list(t.dims)) for t in config.input} == inputs
-    assert {t.name: (t.data_type, list(t.dims)) for t in config.output} == outputs
-    optional = {t.name for t in config.input if t.optional}
-    assert optional == ({spec.TOP_K} if spec.TOP_K in inputs else set())
+    assert signatures.problems(config, signatures.SIGNATURES[config.name]) == []
 
 
-@pytest.mark.parametrize("model", [spec.CLASSIFIER, emb.ENCODER])
+SAYS_IMAGE = "the signature says TYPE_STRING [1]"
+
+
+@pytest.mark.parametrize(
+    "drift, expected",
+    [
+        (lambda c: c.input[0].dims.append(1), "input IMAGE: TYPE_STRING [1, 1], " + SAYS_IMAGE),
+        (lambda c: setattr(c.input[0], "data_type", mc.TYPE_UINT8), "input IMAGE: TYPE_UINT8 [1], "
+         + SAYS_IMAGE),
+        (lambda c: setattr(c.input[1], "optional", False), "input TOP_K: TYPE_INT32 [1], "
+         "the signature says TYPE_INT32 [1] optional"),
+        (lambda c: c.input.add(name="EXTRA"), "input EXTRA: not in the signature"),
+        (lambda c: c.output.pop(), "output CLASS_IDS: missing (the signature has TYPE_INT32 [-1])"),
+        (lambda c: setattr(c.output[1], "name", "PROBS"), "output PROBS: not in the signature"),
+    ],
+)  # fmt: skip
+def test_a_config_off_its_signature_is_named(drift, expected):
+    config = parse(MODEL_REPOSITORY / classification.ENSEMBLE / "config.pbtxt")
+    assert [t.name for t in config.input] == [classification.IMAGE, classification.TOP_K]
+    assert [t.name for t in config.output][-1] == classification.CLASS_IDS
+    drift(config)
+    found = signatures.problems(config, signatures.SIGNATURES[classification.ENSEMBLE])
+    assert expected in found, found
+
+
+def test_make_models_refuses_a_variant_off_its_signature(tmp_path: Path):
+    """The command that renders the configs fails on a drifted overlay, naming its file."""
+    model_dir = tmp_path / embedding.ENCODER
+    shutil.copytree(MODEL_REPOSITORY / embedding.ENCODER, model_dir, ignore=_weights)
+    main = [sys.executable, "-m", "model_config", "--repository", str(tmp_path)]
+    assert subprocess.run(main, capture_output=True, text=True).returncode == 0
+    overlay = model_config.overlay_path(model_dir, "local")
+    ids = '{ name: "INPUT_IDS" data_type: TYPE_INT32 dims: [-1] }'
+    mask = '{ name: "ATTENTION_MASK" data_type: TYPE_INT64 dims: [-1] }'
+    overlay.write_text(f"{overlay.read_text()}input [{ids}, {mask}]\n")
+    for argv in (main, [*main, "--check"]):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        assert done.returncode == 1, done.stderr
+        assert (
+            "encoder/configs/local.overlay.pbtxt: input INPUT_IDS: TYPE_INT32 [-1], "
+            "the signature says TYPE_INT64 [-1]"
+        ) in done.stderr
+
+
+def _weights(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n.endswith((".onnx", ".plan", ".data"))]
+
+
+@pytest.mark.parametrize("model", [classification.CLASSIFIER, embedding.ENCODER])
 def test_environment_configs_pick_the_right_devices(model):
     model_dir = MODEL_REPOSITORY / model
     local = parse(model_dir / "configs" / "local.pbtxt")
@@ -182,30 +184,33 @@ def test_ensemble_wiring(environment: str | None):
 def test_exported_onnx_matches_the_spec(classifier_onnx):
     model = onnx.load(str(classifier_onnx))
     assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
-    dims = onnx_export.dynamic_axes_of(model)
-    assert dims == {spec.PIXELS: ["batch", *SHAPE], spec.LOGITS: ["batch", spec.NUM_CLASSES]}
+    assert onnx_export.dynamic_axes_of(model) == _axes(classification.CLASSIFIER)
     assert not [n for n in model.graph.node if n.op_type == "Pad"], "pads are folded into convs"
 
 
 def test_exported_encoders_match_the_spec(encoder_onnx):
     for path in encoder_onnx:
-        dims = onnx_export.dynamic_axes_of(onnx.load(str(path)))
-        assert dims == {
-            emb.INPUT_IDS: ["batch", "sequence"],
-            emb.ATTENTION_MASK: ["batch", "sequence"],
-            emb.EMBEDDING: ["batch", emb.HIDDEN_SIZE],
-        }
+        assert onnx_export.dynamic_axes_of(onnx.load(str(path))) == _axes(embedding.ENCODER)
+
+
+def _axes(model: str) -> dict[str, list]:
+    """The ONNX graph's axes its config's signature implies: batch first, -1 a sequence."""
+    signature = signatures.SIGNATURES[model]
+    return {
+        t.name: ["batch", *("sequence" if d == -1 else d for d in t.dims)]
+        for t in (*signature.inputs, *signature.outputs)
+    }
 
 
 def test_encoder_versions_and_ensembles_pin_them():
     for config_path in [
-        MODEL_REPOSITORY / emb.ENCODER / "config.pbtxt",
-        *(model_config.config_path(d, n) for d, n in VARIANTS if d.name == emb.ENCODER),
+        MODEL_REPOSITORY / embedding.ENCODER / "config.pbtxt",
+        *(model_config.config_path(d, n) for d, n in VARIANTS if d.name == embedding.ENCODER),
     ]:
         assert list(parse(config_path).version_policy.specific.versions) == [1, 2]
-    for ensemble, version in ((emb.ENSEMBLE, 1), ("embed_int8", 2)):
+    for ensemble, version in ((embedding.ENSEMBLE, 1), ("embed_int8", 2)):
         config = parse(MODEL_REPOSITORY / ensemble / "config.pbtxt")
-        (step,) = [s for s in config.ensemble_scheduling.step if s.model_name == emb.ENCODER]
+        (step,) = [s for s in config.ensemble_scheduling.step if s.model_name == embedding.ENCODER]
         assert step.model_version == version
         assert config.response_cache.enable
 

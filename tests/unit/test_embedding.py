@@ -11,8 +11,7 @@ import torch
 from bench.harness.raw import throughput
 from export import bert, text_samples
 from export import minilm as export_minilm
-from pipelines import embedding as spec
-from pipelines import onnx_runner
+from pipelines import embedding, onnx_runner, padding, tokenization
 
 
 @pytest.fixture(scope="module")
@@ -25,39 +24,39 @@ def model():
     [(b"", "empty text"), (b"\xff\xfe bad", "not UTF-8"), (b"   \n", "only whitespace")],
 )
 def test_bad_text_gets_a_clear_error(data, message):
-    with pytest.raises(spec.TextError, match=message):
-        spec.decode_text(data)
+    with pytest.raises(tokenization.TextError, match=message):
+        tokenization.decode_text(data)
 
 
 def test_texts_are_truncated_at_256_and_padded_per_bucket():
-    tokens, truncated = spec.encode(["Hello world.", text_samples.LONG_TEXT])
+    tokens, truncated = tokenization.encode(["Hello world.", text_samples.LONG_TEXT])
     assert truncated == 1
-    assert len(tokens[1]) == spec.MAX_TOKENS
+    assert len(tokens[1]) == embedding.MAX_TOKENS
     assert tokens[0][0] == 101 and tokens[0][-1] == 102  # [CLS] ... [SEP]
-    ids, mask = spec.pad([tokens[0]])
+    ids, mask = padding.pad([tokens[0]])
     assert ids.shape == (1, 16) and ids.dtype == np.int64
-    assert mask.sum() == len(tokens[0]) and (ids[0, len(tokens[0]) :] == spec.PAD_ID).all()
-    assert [spec.bucket_length(n) for n in (1, 16, 17, 100, 256)] == [16, 16, 32, 128, 256]
+    assert mask.sum() == len(tokens[0]) and (ids[0, len(tokens[0]) :] == padding.PAD_ID).all()
+    assert [padding.bucket_length(n) for n in (1, 16, 17, 100, 256)] == [16, 16, 32, 128, 256]
 
 
 def test_pooling_ignores_padding():
     rng = np.random.default_rng(0)
-    hidden = rng.normal(size=(1, 8, spec.HIDDEN_SIZE)).astype(np.float32)
+    hidden = rng.normal(size=(1, 8, embedding.HIDDEN_SIZE)).astype(np.float32)
     mask = np.array([[1, 1, 1, 0, 0, 0, 0, 0]])
-    pooled = spec.mean_pool(hidden, mask)
+    pooled = padding.mean_pool(hidden, mask)
     expected = hidden[0, :3].mean(0)
     np.testing.assert_allclose(pooled[0], expected / np.linalg.norm(expected), rtol=1e-5)
     garbage = hidden.copy()
     garbage[0, 3:] = 1e6
-    np.testing.assert_allclose(spec.mean_pool(garbage, mask), pooled, rtol=1e-6)
+    np.testing.assert_allclose(padding.mean_pool(garbage, mask), pooled, rtol=1e-6)
     assert np.linalg.norm(pooled) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_bucketing_processes_fewer_tokens_than_padding_to_the_longest():
     # Mixed traffic: mostly short queries, a few long documents, one text per request.
     texts = list(text_samples.SENTENCES) * 4 + [text_samples.LONG_TEXT]
-    lengths = [[len(t)] for t in spec.encode(texts)[0]]
-    cost = spec.padding_cost(lengths)
+    lengths = [[len(t)] for t in tokenization.encode(texts)[0]]
+    cost = padding.padding_cost(lengths)
     assert cost["useful"] < cost["bucketed"] < cost["longest"]
     assert cost["bucketed"] / cost["useful"] < 2.0
     assert cost["longest"] / cost["useful"] > 5.0
@@ -131,15 +130,15 @@ def _padding_effect(
     """
     session = onnx_runner.create_session(onnx_path, intra_op_threads=threads)
     texts = list(text_samples.SENTENCES) * 4 + [text_samples.LONG_TEXT]
-    tokens, _ = spec.encode(texts)
+    tokens, _ = tokenization.encode(texts)
     fed: dict[str, int] = {}
 
     def run(design: str, groups: list[list[list[int]]], length=None) -> None:
         fed[design] = 0
         for group in groups:
-            ids, mask = spec.pad(group, length)
-            feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-            onnx_runner.run(session, feeds, [spec.EMBEDDING])
+            ids, mask = padding.pad(group, length)
+            feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+            onnx_runner.run(session, feeds, [embedding.EMBEDDING])
             fed[design] += ids.size
 
     longest = max(len(t) for t in tokens)
@@ -149,7 +148,7 @@ def _padding_effect(
         padded = max(padded, throughput(step, len(texts), seconds))
         step = lambda: run("bucketed", [tokens[:-1], tokens[-1:]])  # noqa: E731
         bucketed = max(bucketed, throughput(step, len(texts), seconds))
-    cost = spec.padding_cost([[len(t)] for t in tokens])
+    cost = padding.padding_cost([[len(t)] for t in tokens])
     return {
         "texts_per_s_pad_to_longest": padded,
         "texts_per_s_bucketed": bucketed,
@@ -173,11 +172,11 @@ def test_buckets_make_the_encoder_faster_on_mixed_traffic(encoder_onnx):
 
 
 # Sub-batches: one formed batch of mixed lengths, sorted and cut by a budget of padded tokens.
-def _cost(runs, lengths, run_cost=spec.RUN_COST_TOKENS):
+def _cost(runs, lengths, run_cost=padding.RUN_COST_TOKENS):
     return sum(run_cost + len(run) * max(lengths[i] for i in run) for run in runs)
 
 
-def _cheapest(lengths, max_tokens, run_cost=spec.RUN_COST_TOKENS):
+def _cheapest(lengths, max_tokens, run_cost=padding.RUN_COST_TOKENS):
     """Every way to cut the sorted lengths into contiguous runs, tried: the cheapest cost."""
     ordered = sorted(lengths)
     best = None
@@ -198,7 +197,7 @@ def _cheapest(lengths, max_tokens, run_cost=spec.RUN_COST_TOKENS):
 
 def test_sub_batches_sort_by_length_and_never_let_a_passage_pad_short_texts():
     lengths = [14, 256, 12, 16, 130, 13, 250, 15, 128, 12]
-    runs = spec.sub_batches(lengths, max_tokens=2048)
+    runs = padding.sub_batches(lengths, max_tokens=2048)
     assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
     flat = [lengths[i] for run in runs for i in run]
     assert flat == sorted(lengths)  # shortest first, each run a contiguous slice of the sort
@@ -210,7 +209,7 @@ def test_sub_batches_sort_by_length_and_never_let_a_passage_pad_short_texts():
 
 def test_sub_batches_hold_the_token_budget_and_an_oversized_text_runs_alone():
     lengths = [16] * 150 + [256, 256, 300]
-    runs = spec.sub_batches(lengths, max_tokens=512)
+    runs = padding.sub_batches(lengths, max_tokens=512)
     sizes = [len(run) * max(lengths[i] for i in run) for run in runs]
     assert all(size <= 512 for run, size in zip(runs, sizes, strict=True) if len(run) > 1), sizes
     assert [len(run) for run in runs] == [32] * 4 + [22, 2, 1]
@@ -221,7 +220,7 @@ def test_sub_batches_hold_the_token_budget_and_an_oversized_text_runs_alone():
 def test_sub_batches_are_the_cheapest_cut_of_the_sorted_lengths(seed):
     rng = np.random.default_rng(seed)
     lengths = [int(n) for n in rng.choice([12, 14, 16, 20, 90, 140, 200, 256], size=11)]
-    runs = spec.sub_batches(lengths, max_tokens=1024)
+    runs = padding.sub_batches(lengths, max_tokens=1024)
     assert _cost(runs, lengths) == _cheapest(lengths, 1024)
 
 
@@ -233,8 +232,8 @@ def test_sorted_sub_batches_give_each_text_its_one_at_a_time_vector_in_order(enc
 
     def encoder(ids, mask):
         runs.append(ids.shape)
-        feeds = {spec.INPUT_IDS: ids, spec.ATTENTION_MASK: mask}
-        return onnx_runner.run(session, feeds, [spec.EMBEDDING])[0]
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        return onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
 
     passage = " ".join(text_samples.SENTENCES[:9])
     texts = [
@@ -246,16 +245,16 @@ def test_sorted_sub_batches_give_each_text_its_one_at_a_time_vector_in_order(enc
         passage + " " + text_samples.SENTENCES[10],
         text_samples.SENTENCES[11],
     ]
-    tokens, _ = spec.encode(texts)
-    vectors, padded = spec.encode_sorted(encoder, tokens)
-    alone = np.concatenate([encoder(*spec.pad([t], len(t))) for t in tokens])
+    tokens, _ = tokenization.encode(texts)
+    vectors, padded = padding.encode_sorted(encoder, tokens)
+    alone = np.concatenate([encoder(*padding.pad([t], len(t))) for t in tokens])
     np.testing.assert_allclose(vectors, alone, atol=2e-6)
     # One run per sub-batch, each padded to its own longest text; the sentences never share a
     # run with a passage, and the truncated text runs alone.
     lengths = [len(t) for t in tokens]
-    plan = spec.sub_batches(lengths)
+    plan = padding.sub_batches(lengths)
     assert runs[: len(plan)] == [(len(run), max(lengths[i] for i in run)) for run in plan]
     sentences, passages = {0, 3, 4, 6}, {1, 5}
     assert all(set(run) <= sentences or set(run) <= passages or run == [2] for run in plan)
-    assert [2] in plan and lengths[2] == spec.MAX_TOKENS
+    assert [2] in plan and lengths[2] == embedding.MAX_TOKENS
     assert padded == sum(n * length for n, length in runs[: len(plan)])

@@ -27,13 +27,16 @@ def test_tf_same_padding_puts_the_odd_pixel_after(size, kernel, stride, expected
 
 
 def test_pretrained_network_loads_strictly_and_sees_a_cat(photos):
-    from pipelines import classification as spec
-    from pipelines import image
+    from pipelines import image, imagenet
 
     model = efficientnet_lite.load_pretrained()
     with torch.no_grad():
         logits = model(torch.from_numpy(image.preprocess(photos["chelsea"])[None])).numpy()
-    assert spec.imagenet_labels()[int(logits.argmax())] in {"tabby", "tiger cat", "Egyptian cat"}
+    assert imagenet.imagenet_labels()[int(logits.argmax())] in {
+        "tabby",
+        "tiger cat",
+        "Egyptian cat",
+    }
 
 
 class PaddedNet(torch.nn.Module):

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import classification as spec
-from pipelines import image
+from pipelines import classification, image
 from tests.bad_images import bad_images, encode, exif_jpeg, png_header
 
-SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
+SHAPE = (classification.CHANNELS, classification.IMAGE_SIZE, classification.IMAGE_SIZE)
 WHITE = 255
 
 
@@ -90,7 +89,7 @@ def test_center_crop_keeps_the_middle():
     canvas[..., 2] = 255
     canvas[100:300, 200:400] = (255, 0, 0)
     out = image.center_crop_resize(Image.fromarray(canvas))
-    assert out.shape == (spec.IMAGE_SIZE, spec.IMAGE_SIZE, 3)
+    assert out.shape == (classification.IMAGE_SIZE, classification.IMAGE_SIZE, 3)
     assert tuple(out[112, 112]) == (255, 0, 0)
     assert tuple(out[0, 0]) == (0, 0, 255)
 

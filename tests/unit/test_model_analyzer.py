@@ -16,8 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import model_config
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from tune import model_analyzer as ma
 from tune import search
 
@@ -42,17 +41,17 @@ def write_output(out: Path, variant: str, config: mc.ModelConfig) -> None:
 
 
 def test_its_config_becomes_the_candidate_bench_tune_would_write():
-    config = analyzer_config(cspec.CLASSIFIER, max_batch=4, instances=2)
+    config = analyzer_config(classification.CLASSIFIER, max_batch=4, instances=2)
     assert ma.candidate(config) == search.Candidate(preferred_batch=4, delay_us=0, instances=2)
     config.dynamic_batching.max_queue_delay_microseconds = 500
     assert ma.candidate(config).delay_us == 500
 
 
 def test_the_translated_pick_changes_batching_and_instances_and_keeps_max_batch_size():
-    pick = ma.candidate(analyzer_config(cspec.CLASSIFIER, max_batch=2, instances=2))
-    variant = search.variant_for(pick, cspec.CLASSIFIER, cores=1)
-    config = variant.configs(MODEL_REPOSITORY, "local")[cspec.CLASSIFIER]
-    base = model_config.resolve(MODEL_REPOSITORY / cspec.CLASSIFIER, "local")
+    pick = ma.candidate(analyzer_config(classification.CLASSIFIER, max_batch=2, instances=2))
+    variant = search.variant_for(pick, classification.CLASSIFIER, cores=1)
+    config = variant.configs(MODEL_REPOSITORY, "local")[classification.CLASSIFIER]
+    base = model_config.resolve(MODEL_REPOSITORY / classification.CLASSIFIER, "local")
     overlay = model_config.overlay_text(config, base)
     # The repository's ensembles need max_batch_size as it is: the batches are capped instead.
     assert config.max_batch_size == base.max_batch_size
@@ -63,8 +62,8 @@ def test_the_translated_pick_changes_batching_and_instances_and_keeps_max_batch_
 
 
 def test_the_best_row_of_a_single_model_run_is_read_back(tmp_path):
-    write_output(tmp_path, "classifier_config_2", analyzer_config(cspec.CLASSIFIER, 2, 1))
-    write_output(tmp_path, "classifier_config_3", analyzer_config(cspec.CLASSIFIER, 8, 2))
+    write_output(tmp_path, "classifier_config_2", analyzer_config(classification.CLASSIFIER, 2, 1))
+    write_output(tmp_path, "classifier_config_3", analyzer_config(classification.CLASSIFIER, 8, 2))
     rows = [
         {"Model Config Path": "classifier_config_2", "Throughput (infer/sec)": "99.1",
          "p99 Latency (ms)": "42.5"},
@@ -73,37 +72,43 @@ def test_the_best_row_of_a_single_model_run_is_read_back(tmp_path):
     ]  # fmt: skip
     best = ma.best_row(rows, SLO)
     assert best["Model Config Path"] == "classifier_config_2"
-    assert ma.pick(tmp_path, best, ma.target(cspec.CLASSIFIER)) == search.Candidate(2, 0, 1)
+    assert ma.pick(tmp_path, best, ma.target(classification.CLASSIFIER)) == search.Candidate(
+        2, 0, 1
+    )
     assert ma.best_row(rows[1:], SLO) is None
 
 
 def test_an_ensembles_row_names_each_steps_config(tmp_path):
-    for step, batch in ((cspec.PREPROCESS, 2), (cspec.CLASSIFIER, 4), (cspec.POSTPROCESS, 1)):
+    for step, batch in (
+        (classification.PREPROCESS, 2),
+        (classification.CLASSIFIER, 4),
+        (classification.POSTPROCESS, 1),
+    ):
         write_output(tmp_path, f"{step}_config_{batch}", analyzer_config(step, batch, 1))
-    ensemble = model_config.resolve(MODEL_REPOSITORY / cspec.ENSEMBLE, "local")
+    ensemble = model_config.resolve(MODEL_REPOSITORY / classification.ENSEMBLE, "local")
     write_output(tmp_path, "classify_config_16", ensemble)
     row = {
         "Model Config Path": "classify_config_16: preprocess_config_2, classifier_config_4, "
         "postprocess_config_1"
     }
-    pick = ma.pick(tmp_path, row, ma.target(cspec.ENSEMBLE))
+    pick = ma.pick(tmp_path, row, ma.target(classification.ENSEMBLE))
     assert pick == {
-        cspec.PREPROCESS: search.Candidate(2, 0, 1),
-        cspec.CLASSIFIER: search.Candidate(4, 0, 1),
-        cspec.POSTPROCESS: search.Candidate(1, 0, 1),
+        classification.PREPROCESS: search.Candidate(2, 0, 1),
+        classification.CLASSIFIER: search.Candidate(4, 0, 1),
+        classification.POSTPROCESS: search.Candidate(1, 0, 1),
     }
     # The tuner loads it as it is: one change per step it names.
-    variant = search.variant_for(pick, cspec.ENSEMBLE, cores=1)
+    variant = search.variant_for(pick, classification.ENSEMBLE, cores=1)
     configs = variant.configs(MODEL_REPOSITORY, "local")
-    assert list(configs[cspec.POSTPROCESS].dynamic_batching.preferred_batch_size) == [1]
+    assert list(configs[classification.POSTPROCESS].dynamic_batching.preferred_batch_size) == [1]
 
 
 def test_a_shared_servers_row_is_read_per_model(tmp_path):
     """Models profiled at once: one row, each value the aggregate then each model's (1.58)."""
-    write_output(tmp_path, "classifier_config_1", analyzer_config(cspec.CLASSIFIER, 4, 2))
-    write_output(tmp_path, "encoder_config_1", analyzer_config(espec.ENCODER, 8, 1))
-    write_output(tmp_path, "classifier_config_2", analyzer_config(cspec.CLASSIFIER, 8, 1))
-    write_output(tmp_path, "encoder_config_2", analyzer_config(espec.ENCODER, 16, 1))
+    write_output(tmp_path, "classifier_config_1", analyzer_config(classification.CLASSIFIER, 4, 2))
+    write_output(tmp_path, "encoder_config_1", analyzer_config(embedding.ENCODER, 8, 1))
+    write_output(tmp_path, "classifier_config_2", analyzer_config(classification.CLASSIFIER, 8, 1))
+    write_output(tmp_path, "encoder_config_2", analyzer_config(embedding.ENCODER, 16, 1))
     rows = [
         {"Model Config Path": "classifier_config_1,encoder_config_1",
          "Throughput (infer/sec)": "103.5, [36.8,66.6]", "p99 Latency (ms)": "65.0, [80.8,49.3]"},
@@ -117,62 +122,67 @@ def test_a_shared_servers_row_is_read_per_model(tmp_path):
     assert best is rows[0]
     pick = ma.pick(tmp_path, best, ma.target("shared"))
     assert pick == {
-        cspec.CLASSIFIER: search.Candidate(4, 0, 2),
-        espec.ENCODER: search.Candidate(8, 0, 1),
+        classification.CLASSIFIER: search.Candidate(4, 0, 2),
+        embedding.ENCODER: search.Candidate(8, 0, 1),
     }
     configs = search.variant_for(pick, search.SHARED, cores=1).configs(MODEL_REPOSITORY, "local")
-    assert list(configs[cspec.CLASSIFIER].dynamic_batching.preferred_batch_size) == [4]
-    assert list(configs[espec.ENCODER].dynamic_batching.preferred_batch_size) == [8]
+    assert list(configs[classification.CLASSIFIER].dynamic_batching.preferred_batch_size) == [4]
+    assert list(configs[embedding.ENCODER].dynamic_batching.preferred_batch_size) == [8]
 
 
 def test_the_models_it_reads_have_no_preferred_sizes_or_queue_policy_and_one_encoder():
-    encoder = ma.step_config(espec.ENCODER, "local")
+    encoder = ma.step_config(embedding.ENCODER, "local")
     assert list(encoder.version_policy.specific.versions) == [1]
     assert not encoder.dynamic_batching.preferred_batch_size
     assert encoder.dynamic_batching.max_queue_delay_microseconds == 2000  # the rest kept
-    shed = ma.step_config(cspec.CLASSIFIER, "local-shed")
+    shed = ma.step_config(classification.CLASSIFIER, "local-shed")
     assert not shed.dynamic_batching.HasField("default_queue_policy")
 
 
 def test_its_repository_links_the_versions_and_writes_the_configs(tmp_path):
-    ma.write_repository(ma.target(cspec.ENSEMBLE), tmp_path, "local")
-    for step in (cspec.ENSEMBLE, cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS):
+    ma.write_repository(ma.target(classification.ENSEMBLE), tmp_path, "local")
+    for step in (
+        classification.ENSEMBLE,
+        classification.PREPROCESS,
+        classification.CLASSIFIER,
+        classification.POSTPROCESS,
+    ):
         assert model_config.parse(tmp_path / step / "config.pbtxt").name == step
         assert (tmp_path / step / "1").resolve() == (MODEL_REPOSITORY / step / "1").resolve()
-    ma.write_repository(ma.target(espec.ENCODER), tmp_path / "enc", "local")
-    assert [p.name for p in (tmp_path / "enc" / espec.ENCODER).iterdir() if p.is_dir()] == ["1"]
+    ma.write_repository(ma.target(embedding.ENCODER), tmp_path / "enc", "local")
+    assert [p.name for p in (tmp_path / "enc" / embedding.ENCODER).iterdir() if p.is_dir()] == ["1"]
 
 
 def test_the_profile_config_holds_the_slo_the_bounds_and_the_inputs(tmp_path):
-    data = {espec.ENCODER: tmp_path / "encoder.json"}
+    data = {embedding.ENCODER: tmp_path / "encoder.json"}
     config = ma.profile_config(
-        ma.target(espec.ENCODER), "brute", SLO, tmp_path, tmp_path, tmp_path / "ts", data, 2
+        ma.target(embedding.ENCODER), "brute", SLO, tmp_path, tmp_path, tmp_path / "ts", data, 2
     )
     assert config["constraints"] == {"perf_latency_p99": {"max": 60}}
     assert config["objectives"] == ["perf_throughput"]
     assert config["run_config_search_max_model_batch_size"] == max(search.BATCHES)
     assert config["run_config_search_max_instance_count"] == 2
-    entry = config["profile_models"][espec.ENCODER]
+    entry = config["profile_models"][embedding.ENCODER]
     assert entry["cpu_only"] is True
-    assert entry["perf_analyzer_flags"] == {"input-data": str(data[espec.ENCODER]),
+    assert entry["perf_analyzer_flags"] == {"input-data": str(data[embedding.ENCODER]),
                                             "model-version": "1"}  # fmt: skip
     shared = ma.profile_config(
         ma.target("shared"), "quick", SLO, tmp_path, tmp_path, tmp_path / "ts",
-        {cspec.CLASSIFIER: tmp_path / "c.json", espec.ENCODER: tmp_path / "e.json"}, 2,
+        {classification.CLASSIFIER: tmp_path / "c.json", embedding.ENCODER: tmp_path / "e.json"}, 2,
     )  # fmt: skip
     assert shared["run_config_profile_models_concurrently_enable"] is True
     classify = ma.profile_config(
-        ma.target(cspec.ENSEMBLE), "quick", SLO, tmp_path, tmp_path, tmp_path / "ts",
-        {cspec.ENSEMBLE: tmp_path / "c.json"}, 2,
+        ma.target(classification.ENSEMBLE), "quick", SLO, tmp_path, tmp_path, tmp_path / "ts",
+        {classification.ENSEMBLE: tmp_path / "c.json"}, 2,
     )  # fmt: skip
     assert classify["cpu_only_composing_models"] == [
-        cspec.PREPROCESS, cspec.CLASSIFIER, cspec.POSTPROCESS
+        classification.PREPROCESS, classification.CLASSIFIER, classification.POSTPROCESS
     ]  # fmt: skip
 
 
 def test_a_search_it_does_not_have_or_an_unknown_target_is_refused(tmp_path):
     with pytest.raises(ValueError, match="brute search does not take classify"):
-        ma.profile_config(ma.target(cspec.ENSEMBLE), "brute", SLO, tmp_path, tmp_path,
+        ma.profile_config(ma.target(classification.ENSEMBLE), "brute", SLO, tmp_path, tmp_path,
                           tmp_path, {}, 2)  # fmt: skip
     with pytest.raises(ValueError, match="no target 'embed_graph'"):
         ma.target("embed_graph")
@@ -185,7 +195,7 @@ def test_its_tritonserver_is_ours_pinned_with_the_stubs_environment(tmp_path):
 
 
 def test_the_eta_bounds_every_search_it_can_make_here():
-    one, shared = ma.target(cspec.CLASSIFIER), ma.target("shared")
+    one, shared = ma.target(classification.CLASSIFIER), ma.target("shared")
     # 6 batch sizes x 2 instance counts, and the default; 7 concurrencies (1-64).
     assert ma.measurement_bound(one, "brute", 2) == 13 * 7
     assert ma.measurement_bound(one, "quick", 2) == 13 + 2 * 7

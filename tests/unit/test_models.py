@@ -18,9 +18,7 @@ import triton_python_backend_utils as pb_utils
 import model_config
 from export import samples
 from paths import MODEL_REPOSITORY
-from pipelines import classification as cspec
-from pipelines import embedding as espec
-from pipelines import image, onnx_runner
+from pipelines import classification, embedding, image, imagenet, onnx_runner, padding, tokenization
 
 INVALID, CANCELLED = pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.CANCELLED
 INTERNAL = pb_utils.TritonError.INTERNAL
@@ -99,7 +97,7 @@ def images(*names: str) -> np.ndarray:
 
 
 def test_preprocess_decodes_the_batch_once_and_fails_only_the_bad_request(monkeypatch):
-    model = load(cspec.PREPROCESS)
+    model = load(classification.PREPROCESS)
     decodes = counted(monkeypatch, model, "_pixels", len)
     empty = np.zeros((0, 1), dtype=np.object_)
     responses = model.execute(
@@ -117,20 +115,22 @@ def test_preprocess_decodes_the_batch_once_and_fails_only_the_bad_request(monkey
     reference, _ = image.preprocess_batch(
         [samples.photo_bytes(n) for n in ("chelsea", "coffee", "astronaut")]
     )
-    np.testing.assert_array_equal(output(responses[0], cspec.PIXELS), reference[:1])
-    assert failed(responses[1], INVALID, f"{cspec.IMAGE}[0]")
-    assert failed(responses[2], INVALID, f"{cspec.IMAGE} is empty")
+    np.testing.assert_array_equal(output(responses[0], classification.PIXELS), reference[:1])
+    assert failed(responses[1], INVALID, f"{classification.IMAGE}[0]")
+    assert failed(responses[2], INVALID, f"{classification.IMAGE} is empty")
     assert failed(responses[3], CANCELLED, "cancelled")
-    np.testing.assert_array_equal(output(responses[4], cspec.PIXELS), reference[1:])
+    np.testing.assert_array_equal(output(responses[4], classification.PIXELS), reference[1:])
     # The steps' own metrics saw both refusals and every image given.
     assert model.metrics.series["images"].value == 4
 
 
 def test_postprocess_runs_top_k_once_with_each_requests_own_k(monkeypatch):
-    model = load(cspec.POSTPROCESS)
-    top_k = counted(monkeypatch, cspec, "top_k", lambda logits, k: (len(logits), k))
+    model = load(classification.POSTPROCESS)
+    top_k = counted(monkeypatch, imagenet, "top_k", lambda logits, k: (len(logits), k))
     rng = np.random.default_rng(0)
-    logits = [rng.normal(size=(n, cspec.NUM_CLASSES)).astype(np.float32) for n in (1, 2, 1, 1)]
+    logits = [
+        rng.normal(size=(n, classification.NUM_CLASSES)).astype(np.float32) for n in (1, 2, 1, 1)
+    ]
     k = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
     responses = model.execute(
         [
@@ -138,20 +138,21 @@ def test_postprocess_runs_top_k_once_with_each_requests_own_k(monkeypatch):
             request(LOGITS=logits[1]),  # the config's default k
             request(LOGITS=logits[2], TOP_K=k(0)),  # out of range
             request(cancelled=True, LOGITS=logits[3], TOP_K=k(3)),
-            request(LOGITS=np.zeros((0, cspec.NUM_CLASSES), np.float32), TOP_K=k(3)),
+            request(LOGITS=np.zeros((0, classification.NUM_CLASSES), np.float32), TOP_K=k(3)),
         ]
     )
     # One top-k over both live requests' 3 rows, with the larger of their k.
     assert top_k.sizes == [(3, max(1, model.default_k))]
-    ids, _ = cspec.top_k(logits[0], 1)
-    np.testing.assert_array_equal(output(responses[0], cspec.CLASS_IDS), ids)
-    assert output(responses[1], cspec.CLASS_IDS).shape == (2, model.default_k)
+    ids, _ = imagenet.top_k(logits[0], 1)
+    np.testing.assert_array_equal(output(responses[0], classification.CLASS_IDS), ids)
+    assert output(responses[1], classification.CLASS_IDS).shape == (2, model.default_k)
     np.testing.assert_array_equal(
-        output(responses[1], cspec.CLASS_IDS), cspec.top_k(logits[1], model.default_k)[0]
+        output(responses[1], classification.CLASS_IDS),
+        imagenet.top_k(logits[1], model.default_k)[0],
     )
-    assert failed(responses[2], INVALID, f"{cspec.TOP_K} must be between 1")
+    assert failed(responses[2], INVALID, f"{classification.TOP_K} must be between 1")
     assert failed(responses[3], CANCELLED, "cancelled")
-    assert failed(responses[4], INVALID, f"{cspec.LOGITS} is empty")
+    assert failed(responses[4], INVALID, f"{classification.LOGITS} is empty")
 
 
 def test_fused_classify_runs_the_model_once_on_decoded_images_and_answers_as_classify(
@@ -159,7 +160,7 @@ def test_fused_classify_runs_the_model_once_on_decoded_images_and_answers_as_cla
 ):
     from bench.harness.reference import ReferenceClassifier
 
-    model = load(cspec.FUSED)
+    model = load(classification.FUSED)
     runs = onnx_runs(monkeypatch)
     k = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
     responses = model.execute(
@@ -172,19 +173,21 @@ def test_fused_classify_runs_the_model_once_on_decoded_images_and_answers_as_cla
         ]
     )
     # One model run, over the three images of the two good requests only.
-    assert runs.sizes == [(3, (cspec.CHANNELS, cspec.IMAGE_SIZE, cspec.IMAGE_SIZE))]
+    assert runs.sizes == [
+        (3, (classification.CHANNELS, classification.IMAGE_SIZE, classification.IMAGE_SIZE))
+    ]
     reference = ReferenceClassifier(classifier_onnx)
     expected = [
         (responses[0], ("chelsea",), 3),
-        (responses[4], ("coffee", "astronaut"), cspec.DEFAULT_TOP_K),
+        (responses[4], ("coffee", "astronaut"), classification.DEFAULT_TOP_K),
     ]
     for response, names, top in expected:
         labels, scores, ids = reference.classify([samples.photo_bytes(n) for n in names], top)
-        np.testing.assert_array_equal(output(response, cspec.CLASS_IDS), ids)
-        np.testing.assert_allclose(output(response, cspec.SCORES), scores, rtol=1e-5)
-        assert output(response, cspec.LABELS).tolist() == labels.tolist()
-    assert failed(responses[1], INVALID, f"{cspec.IMAGE}[0]: not an image")
-    assert failed(responses[2], INVALID, f"{cspec.TOP_K} must be between 1")
+        np.testing.assert_array_equal(output(response, classification.CLASS_IDS), ids)
+        np.testing.assert_allclose(output(response, classification.SCORES), scores, rtol=1e-5)
+        assert output(response, classification.LABELS).tolist() == labels.tolist()
+    assert failed(responses[1], INVALID, f"{classification.IMAGE}[0]: not an image")
+    assert failed(responses[2], INVALID, f"{classification.TOP_K} must be between 1")
     assert failed(responses[3], CANCELLED, "cancelled")
     # Its decode failures and images count as preprocess's do, under its own name.
     assert model.metrics.series["images"].value == 4
@@ -197,8 +200,8 @@ def texts(*items) -> np.ndarray:
 
 
 def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text(monkeypatch):
-    model = load(espec.TOKENIZE)
-    encodes = counted(monkeypatch, espec, "encode", len)
+    model = load(embedding.TOKENIZE)
+    encodes = counted(monkeypatch, tokenization, "encode", len)
     short, long_ = "A man is eating food.", "word " * 40
     responses = model.execute(
         [
@@ -210,24 +213,24 @@ def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text(monke
         ]
     )
     assert encodes.sizes == [3]  # one tokenizer call for the 3 texts of the 2 good requests
-    ids, mask = espec.tokenize([short])
-    np.testing.assert_array_equal(output(responses[0], espec.INPUT_IDS), ids)
-    np.testing.assert_array_equal(output(responses[0], espec.ATTENTION_MASK), mask)
-    assert failed(responses[1], INVALID, f"{espec.TEXT}[1]")
-    long_ids, _ = espec.tokenize([long_, short])
-    np.testing.assert_array_equal(output(responses[2], espec.INPUT_IDS), long_ids)
-    assert output(responses[2], espec.INPUT_IDS).shape[1] > ids.shape[1]
+    ids, mask = padding.tokenize([short])
+    np.testing.assert_array_equal(output(responses[0], embedding.INPUT_IDS), ids)
+    np.testing.assert_array_equal(output(responses[0], embedding.ATTENTION_MASK), mask)
+    assert failed(responses[1], INVALID, f"{embedding.TEXT}[1]")
+    long_ids, _ = padding.tokenize([long_, short])
+    np.testing.assert_array_equal(output(responses[2], embedding.INPUT_IDS), long_ids)
+    assert output(responses[2], embedding.INPUT_IDS).shape[1] > ids.shape[1]
     # TOKENS: each text's own word pieces, not its padded length.
-    counts = [[len(t)] for t in espec.encode([long_, short])[0]]
-    np.testing.assert_array_equal(output(responses[2], espec.TOKENS), counts)
-    assert output(responses[0], espec.TOKENS).tolist() == [[int(mask.sum())]]
+    counts = [[len(t)] for t in tokenization.encode([long_, short])[0]]
+    np.testing.assert_array_equal(output(responses[2], embedding.TOKENS), counts)
+    assert output(responses[0], embedding.TOKENS).tolist() == [[int(mask.sum())]]
     assert failed(responses[3], INVALID, "no texts in the request")
     assert failed(responses[4], CANCELLED, "cancelled")
 
 
 @pytest.fixture(scope="module")
 def classifier(classifier_onnx):
-    return load(cspec.CLASSIFIER)
+    return load(classification.CLASSIFIER)
 
 
 def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(
@@ -248,23 +251,25 @@ def test_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(
     )
     # One run for the 3 good rows, one (failing) for the odd shape; nothing for the cancelled.
     assert runs.sizes == [(3, (3, 224, 224)), (1, (3, 224, 200))]
-    reference = ReferenceClassifier(MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx")
+    reference = ReferenceClassifier(
+        MODEL_REPOSITORY / classification.CLASSIFIER / "1" / "model.onnx"
+    )
     want = reference.logits(pixels)
-    np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-4)
+    np.testing.assert_allclose(output(responses[0], classification.LOGITS), want[:1], atol=1e-4)
     # The model failed, not the request's encoding: INTERNAL, with the model's name.
-    assert failed(responses[1], INTERNAL, f"model {cspec.CLASSIFIER} failed")
+    assert failed(responses[1], INTERNAL, f"model {classification.CLASSIFIER} failed")
     assert failed(responses[2], CANCELLED, "cancelled")
-    np.testing.assert_allclose(output(responses[3], cspec.LOGITS), want, atol=1e-4)
+    np.testing.assert_allclose(output(responses[3], classification.LOGITS), want, atol=1e-4)
 
 
 def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(
     encoder_onnx, monkeypatch
 ):
-    model = load(espec.ENCODER)
+    model = load(embedding.ENCODER)
     texts = ["A man is eating food.", "A man rides a horse."]
-    ids16, mask16 = espec.tokenize(texts)
-    ids32, mask32 = espec.pad(espec.encode(texts[:1])[0], length=32)
-    ids_long, mask_long = espec.tokenize(["word " * 40])
+    ids16, mask16 = padding.tokenize(texts)
+    ids32, mask32 = padding.pad(tokenization.encode(texts[:1])[0], length=32)
+    ids_long, mask_long = padding.tokenize(["word " * 40])
     runs = onnx_runs(monkeypatch)
     responses = model.execute(
         [
@@ -276,20 +281,23 @@ def test_encoder_runs_each_sequence_length_once_and_pools_real_tokens_only(
     )
     # One run per sequence length, in the order each length first came.
     assert runs.sizes == [(2, (16,)), (1, ids_long.shape[1:]), (1, (32,))]
-    together = model.run([{espec.INPUT_IDS: ids16, espec.ATTENTION_MASK: mask16}])[0]
-    first, second = output(responses[0], espec.EMBEDDING), output(responses[2], espec.EMBEDDING)
-    np.testing.assert_allclose(first, together[espec.EMBEDDING][:1], atol=1e-5)
-    np.testing.assert_allclose(second, together[espec.EMBEDDING][1:], atol=1e-5)
-    assert output(responses[1], espec.EMBEDDING).shape == (1, espec.HIDDEN_SIZE)
+    together = model.run([{embedding.INPUT_IDS: ids16, embedding.ATTENTION_MASK: mask16}])[0]
+    first, second = (
+        output(responses[0], embedding.EMBEDDING),
+        output(responses[2], embedding.EMBEDDING),
+    )
+    np.testing.assert_allclose(first, together[embedding.EMBEDDING][:1], atol=1e-5)
+    np.testing.assert_allclose(second, together[embedding.EMBEDDING][1:], atol=1e-5)
+    assert output(responses[1], embedding.EMBEDDING).shape == (1, embedding.HIDDEN_SIZE)
     np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-5)
     # More padding, same vector: the graph's pooling reads the mask.
-    np.testing.assert_allclose(output(responses[3], espec.EMBEDDING), first, atol=1e-5)
+    np.testing.assert_allclose(output(responses[3], embedding.EMBEDDING), first, atol=1e-5)
 
 
 def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(
     encoder_onnx, monkeypatch
 ):
-    model = load(espec.GRAPH_ENSEMBLE)
+    model = load(embedding.GRAPH_ENSEMBLE)
     short, long_ = "A man is eating food.", "Ünïcödé, accents and emoji 🚀 " * 30
     runs = onnx_runs(monkeypatch)
     responses = model.execute(
@@ -305,9 +313,9 @@ def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(
     from export.minilm import onnx_embeddings
 
     want = onnx_embeddings(encoder_onnx[0], [short, long_])
-    np.testing.assert_allclose(output(responses[0], espec.EMBEDDING), want[:1], atol=1e-5)
-    assert failed(responses[1], INVALID, f"{espec.TEXT}[1]: not UTF-8")
-    np.testing.assert_allclose(output(responses[2], espec.EMBEDDING), want[[1, 0]], atol=1e-5)
+    np.testing.assert_allclose(output(responses[0], embedding.EMBEDDING), want[:1], atol=1e-5)
+    assert failed(responses[1], INVALID, f"{embedding.TEXT}[1]: not UTF-8")
+    np.testing.assert_allclose(output(responses[2], embedding.EMBEDDING), want[[1, 0]], atol=1e-5)
     assert failed(responses[3], INVALID, "empty text")
     assert failed(responses[4], CANCELLED, "cancelled")
 
@@ -315,9 +323,9 @@ def test_embed_graph_runs_texts_of_every_request_at_once_and_refuses_bad_text(
 def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
     encoder_onnx, monkeypatch
 ):
-    model = load(espec.TOKENIZE_ENCODE)
+    model = load(embedding.TOKENIZE_ENCODE)
     short, other, passage = "A man is eating food.", "A monkey is playing drums.", "word " * 120
-    encodes = counted(monkeypatch, espec, "encode", len)
+    encodes = counted(monkeypatch, tokenization, "encode", len)
     runs = onnx_runs(monkeypatch)
     responses = model.execute(
         [
@@ -331,38 +339,38 @@ def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
     assert encodes.sizes == [3]  # one tokenizer call for the 3 texts of the 2 good requests
     # Sorted into two runs: the sentences of both requests together, the passage alone, each
     # padded to its own longest text (no bucket).
-    (long_ids, short_ids, other_ids), _ = espec.encode([passage, short, other])
+    (long_ids, short_ids, other_ids), _ = tokenization.encode([passage, short, other])
     assert runs.sizes == [(2, (len(other_ids),)), (1, (len(long_ids),))]
     from export.minilm import onnx_embeddings
 
     want = onnx_embeddings(encoder_onnx[0], [passage, short, other])
-    np.testing.assert_allclose(output(responses[0], espec.EMBEDDING), want[:2], atol=1e-5)
-    assert failed(responses[1], INVALID, f"{espec.TEXT}[1]: not UTF-8")
-    np.testing.assert_allclose(output(responses[2], espec.EMBEDDING), want[2:], atol=1e-5)
+    np.testing.assert_allclose(output(responses[0], embedding.EMBEDDING), want[:2], atol=1e-5)
+    assert failed(responses[1], INVALID, f"{embedding.TEXT}[1]: not UTF-8")
+    np.testing.assert_allclose(output(responses[2], embedding.EMBEDDING), want[2:], atol=1e-5)
     # Each request's TOKENS are its own texts' word pieces, in its order (not the sort's).
-    assert output(responses[0], espec.TOKENS).tolist() == [[len(long_ids)], [len(short_ids)]]
-    assert output(responses[2], espec.TOKENS).tolist() == [[len(other_ids)]]
+    assert output(responses[0], embedding.TOKENS).tolist() == [[len(long_ids)], [len(short_ids)]]
+    assert output(responses[2], embedding.TOKENS).tolist() == [[len(other_ids)]]
     assert failed(responses[3], INVALID, "empty text")
     assert failed(responses[4], CANCELLED, "cancelled")
     real = len(long_ids) + len(short_ids) + len(other_ids)
     assert model.metrics.series["tokens"].value == real
     assert model.metrics.series["padded"].value == 2 * len(other_ids) + len(long_ids)
     # Version 2 opens the encoder's INT8 graph.
-    int8 = load(espec.TOKENIZE_ENCODE, version="2")
+    int8 = load(embedding.TOKENIZE_ENCODE, version="2")
     assert int8._encoder.session._model_path.endswith("encoder/2/model.onnx")
 
 
 def test_tokenize_encode_answers_seen_texts_from_its_cache_and_encodes_a_repeat_once(
     encoder_onnx, monkeypatch
 ):
-    model = load(espec.TOKENIZE_ENCODE)
+    model = load(embedding.TOKENIZE_ENCODE)
     runs = onnx_runs(monkeypatch)
     first = model.execute([request(TEXT=texts("seen before", "once")), request(TEXT=texts("once"))])
     # "once" twice in one batch: encoded once (one run of the two distinct texts).
     assert [rows for rows, _ in runs.sizes] == [2]
     again = model.execute([request(TEXT=texts("once", "seen before"))])
     assert len(runs.sizes) == 1  # nothing new: no encoder run at all
-    for name in (espec.EMBEDDING, espec.TOKENS):
+    for name in (embedding.EMBEDDING, embedding.TOKENS):
         np.testing.assert_array_equal(output(again[0], name), output(first[0], name)[::-1])
         np.testing.assert_array_equal(output(first[1], name), output(first[0], name)[1:])
     cache = model.cache_metrics.series
@@ -378,58 +386,60 @@ def test_tokenize_encode_calls_the_served_encoder_through_bls_in_pieces_it_takes
 
     def served_encoder(bls):
         ids, mask = (pb_utils.get_input_tensor_by_name(bls, n).as_numpy()
-                     for n in (espec.INPUT_IDS, espec.ATTENTION_MASK))  # fmt: skip
+                     for n in (embedding.INPUT_IDS, embedding.ATTENTION_MASK))  # fmt: skip
         calls.append((bls.model_name, bls.model_version, len(ids)))
-        feeds = {espec.INPUT_IDS: ids, espec.ATTENTION_MASK: mask}
-        vectors = onnx_runner.run(encoder, feeds, [espec.EMBEDDING])[0]
-        return pb_utils.InferenceResponse([pb_utils.Tensor(espec.EMBEDDING, vectors)])
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        vectors = onnx_runner.run(encoder, feeds, [embedding.EMBEDDING])[0]
+        return pb_utils.InferenceResponse([pb_utils.Tensor(embedding.EMBEDDING, vectors)])
 
-    pb_utils.BLS_MODELS[espec.ENCODER] = served_encoder
+    pb_utils.BLS_MODELS[embedding.ENCODER] = served_encoder
     try:
-        model = load(espec.TOKENIZE_ENCODE, config_name="gpu")
+        model = load(embedding.TOKENIZE_ENCODE, config_name="gpu")
         many = [f"sentence number {i:03d}" for i in range(70)]  # one length: one sub-batch
         (response,) = model.execute([request(TEXT=texts(*many))])
     finally:
-        del pb_utils.BLS_MODELS[espec.ENCODER]
+        del pb_utils.BLS_MODELS[embedding.ENCODER]
     # The encoder takes 64 rows at most: the sub-batch of 70 went as 64 and 6.
-    assert calls == [(espec.ENCODER, 1, 64), (espec.ENCODER, 1, 6)]
+    assert calls == [(embedding.ENCODER, 1, 64), (embedding.ENCODER, 1, 6)]
     want = onnx_embeddings(encoder_onnx[0], many)
-    np.testing.assert_allclose(output(response, espec.EMBEDDING), want, atol=1e-5)
+    np.testing.assert_allclose(output(response, embedding.EMBEDDING), want, atol=1e-5)
 
 
 def test_texts_as_batch_makes_rows_of_a_1d_batch_and_refuses_none_or_too_many():
-    model = load(espec.TEXT_ROWS)
+    model = load(embedding.TEXT_ROWS)
     batch = np.array([b"first", b"second", b"third"], dtype=np.object_)
-    too_many = np.array([b"t"] * (espec.MAX_TEXTS + 1), dtype=np.object_)
+    too_many = np.array([b"t"] * (embedding.MAX_TEXTS + 1), dtype=np.object_)
     responses = model.execute(
         [
-            request(**{espec.TEXTS: batch}),
-            request(**{espec.TEXTS: np.zeros(0, np.object_)}),
-            request(**{espec.TEXTS: too_many}),
-            request(**{espec.TEXTS: batch.reshape(-1, 1)}),
-            request(cancelled=True, **{espec.TEXTS: batch}),
-            request(**{espec.TEXTS: batch[:1]}),
+            request(**{embedding.TEXTS: batch}),
+            request(**{embedding.TEXTS: np.zeros(0, np.object_)}),
+            request(**{embedding.TEXTS: too_many}),
+            request(**{embedding.TEXTS: batch.reshape(-1, 1)}),
+            request(cancelled=True, **{embedding.TEXTS: batch}),
+            request(**{embedding.TEXTS: batch[:1]}),
         ]
     )
-    rows = output(responses[0], espec.TEXT)
+    rows = output(responses[0], embedding.TEXT)
     assert rows.shape == (3, 1) and rows.ravel().tolist() == batch.tolist()
     assert failed(responses[1], INVALID, "holds no texts")
-    assert failed(responses[2], INVALID, f"{espec.MAX_TEXTS + 1} texts; at most {espec.MAX_TEXTS}")
+    assert failed(
+        responses[2], INVALID, f"{embedding.MAX_TEXTS + 1} texts; at most {embedding.MAX_TEXTS}"
+    )
     assert failed(responses[3], INVALID, "must be 1-D [N], got shape [3, 1]")
     assert failed(responses[4], CANCELLED, "cancelled")
-    assert output(responses[5], espec.TEXT).tolist() == [[b"first"]]
+    assert output(responses[5], embedding.TEXT).tolist() == [[b"first"]]
 
 
 def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks_it(monkeypatch):
     """The gpu-local runner (PyTorch), here on a CPU instance; tensors leave through DLPack."""
     from bench.harness.reference import ReferenceClassifier
 
-    model = load(cspec.CLASSIFIER, config_name="gpu-local")
+    model = load(classification.CLASSIFIER, config_name="gpu-local")
     passes = counted(monkeypatch, model.runner, "model", len)
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
-    want = ReferenceClassifier(MODEL_REPOSITORY / cspec.CLASSIFIER / "1" / "model.onnx").logits(
-        pixels
-    )
+    want = ReferenceClassifier(
+        MODEL_REPOSITORY / classification.CLASSIFIER / "1" / "model.onnx"
+    ).logits(pixels)
     good = [
         request(PIXELS=pixels[:1]),
         request(cancelled=True, PIXELS=pixels[1:]),
@@ -437,9 +447,9 @@ def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks
     ]
     responses = model.execute(good)
     assert passes.sizes == [3]  # one forward pass for the 3 rows of the 2 live requests
-    np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-3)
+    np.testing.assert_allclose(output(responses[0], classification.LOGITS), want[:1], atol=1e-3)
     assert failed(responses[1], CANCELLED, "cancelled")
-    np.testing.assert_allclose(output(responses[2], cspec.LOGITS), want, atol=1e-3)
+    np.testing.assert_allclose(output(responses[2], classification.LOGITS), want, atol=1e-3)
 
     passes.sizes.clear()
     broken = request(PIXELS=np.zeros((1, 4, 224, 224), np.float32))  # 4 channels: cannot run
@@ -447,6 +457,6 @@ def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks
     # The batch cannot even be concatenated, so each request runs alone: the 4-channel one
     # fails inside the network, the others succeed.
     assert passes.sizes == [1, 1, 2]
-    np.testing.assert_allclose(output(responses[0], cspec.LOGITS), want[:1], atol=1e-3)
-    assert failed(responses[1], INTERNAL, f"model {cspec.CLASSIFIER} failed")
-    np.testing.assert_allclose(output(responses[2], cspec.LOGITS), want, atol=1e-3)
+    np.testing.assert_allclose(output(responses[0], classification.LOGITS), want[:1], atol=1e-3)
+    assert failed(responses[1], INTERNAL, f"model {classification.CLASSIFIER} failed")
+    np.testing.assert_allclose(output(responses[2], classification.LOGITS), want, atol=1e-3)

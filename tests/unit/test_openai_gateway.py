@@ -21,7 +21,7 @@ import yaml
 
 from gateway import nginx as gw
 from gateway.shaping import load_limits
-from pipelines import embedding as spec
+from pipelines import embedding
 from tests.helpers import REPO, limits_with_secret_keys
 
 UPSTREAMS = (["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001)
@@ -34,11 +34,11 @@ def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
     text = gw.render(*UPSTREAMS, limits=limits, openai=gw.OpenAI())
     gw.check_config(text, nginx_binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
-    assert f'set $openai_models "{" ".join(spec.OPENAI_MODELS)}";' in text
-    # The embedding's size comes from pipelines/embedding.py; the script does not retype it.
-    assert f"set $openai_dimensions {spec.HIDDEN_SIZE};" in text
-    assert not re.search(rf"\b{spec.HIDDEN_SIZE}\b", gw.OPENAI_SCRIPT.read_text())
-    for model, ensemble in spec.OPENAI_MODELS.items():
+    assert f'set $openai_models "{" ".join(embedding.OPENAI_MODELS)}";' in text
+    # The embedding's size comes from pipelines/embedding.py: the script does not retype it.
+    assert f"set $openai_dimensions {embedding.HIDDEN_SIZE};" in text
+    assert not re.search(rf"\b{embedding.HIDDEN_SIZE}\b", gw.OPENAI_SCRIPT.read_text())
+    for model, ensemble in embedding.OPENAI_MODELS.items():
         assert f"{model} {ensemble};" in text
     # Shaped, the OpenAI call takes the tenant's and the model's tokens before its body is
     # parsed, at /_openai/<id>/shape.

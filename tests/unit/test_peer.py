@@ -24,12 +24,10 @@ import pytest
 from bench.peers import microbatcher as peer_mod
 from bench.peers.microbatcher import MicroBatcher, PeerServer, create_app
 from export import text_samples
-from pipelines import classification as spec
-from pipelines import embedding as embed_spec
-from pipelines import onnx_runner
+from pipelines import classification, embedding, onnx_runner, padding, tokenization
 from pipelines.rows import RowCountError
 
-SHAPE = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
+SHAPE = (classification.CHANNELS, classification.IMAGE_SIZE, classification.IMAGE_SIZE)
 
 
 # A minimal ASGI client: one request, the whole body at once, lifespan run by the caller.
@@ -78,14 +76,19 @@ def run_with_app(app, scenario):
 
 def infer_body(pixels, nested=False, **extra):
     data = pixels.tolist() if nested else pixels.reshape(-1).tolist()
-    tensor = {"name": spec.PIXELS, "shape": list(pixels.shape), "datatype": "UINT8", "data": data}
+    tensor = {
+        "name": classification.PIXELS,
+        "shape": list(pixels.shape),
+        "datatype": "UINT8",
+        "data": data,
+    }
     return orjson.dumps({"inputs": [tensor], **extra})
 
 
 def logits_of(content):
     reply = orjson.loads(content)
     (output,) = reply["outputs"]
-    assert output["name"] == spec.LOGITS and output["datatype"] == "FP32"
+    assert output["name"] == classification.LOGITS and output["datatype"] == "FP32"
     return np.asarray(output["data"], np.float32).reshape(output["shape"])
 
 
@@ -105,7 +108,7 @@ def app(classifier_onnx):
 
 
 def direct(session, pixels):
-    return session.run([spec.LOGITS], {spec.PIXELS: pixels})[0]
+    return session.run([classification.LOGITS], {classification.PIXELS: pixels})[0]
 
 
 # The batcher alone -------------------------------------------------------------------------
@@ -172,7 +175,7 @@ def test_concurrent_requests_are_batched_and_match_onnxruntime(app, session):
     for pixels, (status, _, content) in zip(requests, replies, strict=True):
         assert status == 200, content
         logits = logits_of(content)
-        assert logits.shape == (len(pixels), spec.NUM_CLASSES)
+        assert logits.shape == (len(pixels), classification.NUM_CLASSES)
         np.testing.assert_allclose(logits, direct(session, pixels), atol=1e-5)
     runs = stats["execution_count"] - before
     assert 0 < runs < len(requests)
@@ -187,13 +190,13 @@ def test_nested_json_and_binary_tensors_match_onnxruntime(app, session):
         {
             "inputs": [
                 {
-                    "name": spec.PIXELS,
+                    "name": classification.PIXELS,
                     "shape": [2, *SHAPE],
                     "datatype": "UINT8",
                     "parameters": {"binary_data_size": pixels.nbytes},
                 }
             ],
-            "outputs": [{"name": spec.LOGITS, "parameters": {"binary_data": True}}],
+            "outputs": [{"name": classification.LOGITS, "parameters": {"binary_data": True}}],
         }
     )
 
@@ -221,7 +224,7 @@ def test_nested_json_and_binary_tensors_match_onnxruntime(app, session):
 
 def _tensor(**changes):
     tensor = {
-        "name": spec.PIXELS,
+        "name": classification.PIXELS,
         "shape": [1, *SHAPE],
         "datatype": "UINT8",
         "data": [0] * int(np.prod(SHAPE)),
@@ -294,7 +297,7 @@ def test_metadata_config_and_health_follow_kserve_v2(app):
     assert config["max_batch_size"] == 8
     assert config["input"][0]["data_type"] == "TYPE_UINT8"
     assert config["input"][0]["dims"] == list(SHAPE)
-    assert config["output"][0]["dims"] == [spec.NUM_CLASSES]
+    assert config["output"][0]["dims"] == [classification.NUM_CLASSES]
 
 
 # Null mode and the real process ----------------------------------------------------------
@@ -311,9 +314,9 @@ def test_null_mode_answers_zeros_of_the_right_shape():
 
     ok, batch, bad = run_with_app(app, scenario)
     assert ok[0] == 200 and batch[0] == 200
-    assert logits_of(ok[2]).shape == (1, spec.NUM_CLASSES)
+    assert logits_of(ok[2]).shape == (1, classification.NUM_CLASSES)
     logits = logits_of(batch[2])
-    assert logits.shape == (3, spec.NUM_CLASSES) and not logits.any()
+    assert logits.shape == (3, classification.NUM_CLASSES) and not logits.any()
     assert bad[0] == 400
 
 
@@ -336,7 +339,7 @@ def test_peer_server_process_serves_and_stops_cleanly(tmp_path):
             f"http://{server.url}/v2/models/classifier/infer", data=body, method="POST"
         )
         with urllib.request.urlopen(request, timeout=5) as response:
-            assert logits_of(response.read()).shape == (1, spec.NUM_CLASSES)
+            assert logits_of(response.read()).shape == (1, classification.NUM_CLASSES)
         bad = urllib.request.Request(
             f"http://{server.url}/v2/models/classifier/infer", data=b"{", method="POST"
         )
@@ -394,7 +397,7 @@ def test_closing_the_batcher_fails_requests_in_flight():
 
 
 # The text embedding ("embed") ------------------------------------------------------------
-EMBED = embed_spec.ENSEMBLE
+EMBED = embedding.ENSEMBLE
 EMBED_INFER = f"/v2/models/{EMBED}/infer"
 
 
@@ -413,9 +416,9 @@ def reference_embeddings(session, texts):
     """Each text alone, padded to its own bucket: the peer pads to the batch's longest text."""
     rows = []
     for text in texts:
-        ids, mask = embed_spec.tokenize([text])
-        feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
-        rows.append(onnx_runner.run(session, feeds, [embed_spec.EMBEDDING])[0][0])
+        ids, mask = padding.tokenize([text])
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        rows.append(onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0][0])
     return np.stack(rows)
 
 
@@ -430,14 +433,14 @@ def assert_same_embeddings(actual, expected):
 
 def text_body(texts, nested=True, **extra):
     data = [[t] for t in texts] if nested else list(texts)
-    tensor = {"name": embed_spec.TEXT, "shape": [len(texts), 1], "datatype": "BYTES", "data": data}
+    tensor = {"name": embedding.TEXT, "shape": [len(texts), 1], "datatype": "BYTES", "data": data}
     return orjson.dumps({"inputs": [tensor], **extra})
 
 
 def binary_request(raw, rows, binary_output=False):
     """(body, headers) with ``raw`` as the TEXT tensor's binary data."""
-    tensor = {"name": embed_spec.TEXT, "shape": [rows, 1], "datatype": "BYTES"}
-    output = {"name": embed_spec.EMBEDDING, "parameters": {"binary_data": binary_output}}
+    tensor = {"name": embedding.TEXT, "shape": [rows, 1], "datatype": "BYTES"}
+    output = {"name": embedding.EMBEDDING, "parameters": {"binary_data": binary_output}}
     header = orjson.dumps(
         {
             "inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}],
@@ -458,7 +461,7 @@ def embeddings_of(content, headers=None):
     reply = orjson.loads(content[:split])
     assert reply["model_name"] == EMBED
     (output,) = reply["outputs"]
-    assert output["name"] == embed_spec.EMBEDDING and output["datatype"] == "FP32"
+    assert output["name"] == embedding.EMBEDDING and output["datatype"] == "FP32"
     if split < len(content):
         return np.frombuffer(content[split:], "<f4").reshape(output["shape"])
     return np.asarray(output["data"], np.float32).reshape(output["shape"])
@@ -513,7 +516,7 @@ def test_embed_binary_bytes_tensors_decode_like_json(embed_app, encoder_session)
 
 
 def _text_tensor(**changes):
-    tensor = {"name": embed_spec.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": ["text"]}
+    tensor = {"name": embedding.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": ["text"]}
     return orjson.dumps({"inputs": [{**tensor, **changes}]}), {}
 
 
@@ -605,8 +608,8 @@ def test_embed_null_mode_answers_zeros_without_the_model():
     texts, binary, bad = run_with_app(app, scenario)
     assert texts[0] == 200 and binary[0] == 200
     zeros = embeddings_of(texts[2])
-    assert zeros.shape == (3, embed_spec.HIDDEN_SIZE) and not zeros.any()
-    assert embeddings_of(binary[2]).shape == (2, embed_spec.HIDDEN_SIZE)
+    assert zeros.shape == (3, embedding.HIDDEN_SIZE) and not zeros.any()
+    assert embeddings_of(binary[2]).shape == (2, embedding.HIDDEN_SIZE)
     assert [status for status, _, _ in bad] == [400] * 3
 
 
@@ -629,7 +632,7 @@ def test_embed_null_peer_process_serves_texts(tmp_path):
             f"http://{server.url}{EMBED_INFER}", data=text_body(["hello"]), method="POST"
         )
         with urllib.request.urlopen(request, timeout=5) as response:
-            assert embeddings_of(response.read()).shape == (1, embed_spec.HIDDEN_SIZE)
+            assert embeddings_of(response.read()).shape == (1, embedding.HIDDEN_SIZE)
 
 
 def test_embed_batcher_counts_real_and_padded_tokens(embed_app):
@@ -649,7 +652,7 @@ def test_embed_batcher_counts_real_and_padded_tokens(embed_app):
     counts = run_with_app(embed_app, scenario)
     real, padded = start["tokens"], start["padded_tokens"]
     for texts, seen in zip(requests, counts, strict=True):
-        lengths = [len(t) for t in embed_spec.encode(texts)[0]]
+        lengths = [len(t) for t in tokenization.encode(texts)[0]]
         real, padded = real + sum(lengths), padded + len(lengths) * max(lengths)
         assert seen == {"tokens": real, "padded_tokens": padded}
     assert padded > real  # the long text padded the short one to 256 word pieces
@@ -659,13 +662,17 @@ def test_embed_batcher_counts_real_and_padded_tokens(embed_app):
 @pytest.fixture(scope="module")
 def classify_app(classifier_onnx):
     return create_app(
-        classifier_onnx, intra_op_threads=1, max_batch=8, max_wait_ms=50, model_name=spec.ENSEMBLE
+        classifier_onnx,
+        intra_op_threads=1,
+        max_batch=8,
+        max_wait_ms=50,
+        model_name=classification.ENSEMBLE,
     )
 
 
 def image_request(images: list[bytes], binary_output=True):
     raw = b"".join(struct.pack("<I", len(x)) + x for x in images)
-    tensor = {"name": spec.IMAGE, "shape": [len(images), 1], "datatype": "BYTES"}
+    tensor = {"name": classification.IMAGE, "shape": [len(images), 1], "datatype": "BYTES"}
     tensor["parameters"] = {"binary_data_size": len(raw)}
     header = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": binary_output}})
     return header + raw, {"Inference-Header-Content-Length": len(header)}
@@ -719,11 +726,15 @@ def test_the_pipeline_peer_batches_jpegs_and_answers_as_the_reference(classify_a
         assert status == 200, content
         got = top_k_of(content, headers)
         labels, scores, ids = reference.classify(images)
-        assert got[spec.CLASS_IDS] == ids.reshape(-1).tolist()
-        assert got[spec.LABELS] == [x.decode() for x in labels.reshape(-1)]
-        np.testing.assert_allclose(got[spec.SCORES], scores.reshape(-1), atol=1e-5)
+        assert got[classification.CLASS_IDS] == ids.reshape(-1).tolist()
+        assert got[classification.LABELS] == [x.decode() for x in labels.reshape(-1)]
+        np.testing.assert_allclose(got[classification.SCORES], scores.reshape(-1), atol=1e-5)
     # Concurrent requests shared model runs; the bad image failed its own request only.
     assert max(b["batch_size"] for b in stats["batch_stats"]) > 2
     assert bad[0] == 500 and "not an image" in orjson.loads(bad[2])["error"]
     names = [(o["name"], o["datatype"]) for o in meta["outputs"]]
-    assert names == [(spec.LABELS, "BYTES"), (spec.SCORES, "FP32"), (spec.CLASS_IDS, "INT32")]
+    assert names == [
+        (classification.LABELS, "BYTES"),
+        (classification.SCORES, "FP32"),
+        (classification.CLASS_IDS, "INT32"),
+    ]

@@ -34,8 +34,7 @@ from bench.report.plots import write_plots
 from bench.report.points import load
 from export import text_samples
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding as espec
+from pipelines import classification, embedding
 from tests.helpers import embed_report_row
 
 # Recorded from perf_analyzer 2.51 (-f out.csv --verbose-csv) against the classify ensemble.
@@ -78,8 +77,8 @@ def test_built_commands_drive_perf_analyzer_against_a_real_endpoint(tmp_path):
     with PeerServer(None, port=0, log_path=tmp_path / "peer.log") as peer:
         for mode, level, payload, cpus in cases:
             run = perf_analyzer.Run(
-                spec.CLASSIFIER, peer.url, "http", mode=mode, tensor_format=payload, cpus=cpus,
-                measurement_ms=500, stability_percent=1000, extra=counted,
+                classification.CLASSIFIER, peer.url, "http", mode=mode, tensor_format=payload,
+                cpus=cpus, measurement_ms=500, stability_percent=1000, extra=counted,
             )  # fmt: skip
             point = perf_analyzer.measure(run, level, timeout=120)
             assert point.level == level and point.throughput > 0 and point.p99_ms > 0, mode
@@ -124,11 +123,14 @@ def test_variants_override_only_what_they_are_about():
     two = by_name["instances-2"].configs(MODEL_REPOSITORY, "local")
     assert all(c.HasField("dynamic_batching") for c in base.values())
     assert not any(c.HasField("dynamic_batching") for c in plain.values())
-    assert plain[spec.CLASSIFIER].max_batch_size == base[spec.CLASSIFIER].max_batch_size
-    assert [g.count for g in two[spec.CLASSIFIER].instance_group] == [2]
-    assert two[spec.CLASSIFIER].parameters["intra_op_thread_count"].string_value == "1"
-    assert base[spec.CLASSIFIER].parameters["intra_op_thread_count"].string_value == "2"
-    assert "intra_op_thread_count" not in base[spec.PREPROCESS].parameters
+    assert (
+        plain[classification.CLASSIFIER].max_batch_size
+        == base[classification.CLASSIFIER].max_batch_size
+    )
+    assert [g.count for g in two[classification.CLASSIFIER].instance_group] == [2]
+    assert two[classification.CLASSIFIER].parameters["intra_op_thread_count"].string_value == "1"
+    assert base[classification.CLASSIFIER].parameters["intra_op_thread_count"].string_value == "2"
+    assert "intra_op_thread_count" not in base[classification.PREPROCESS].parameters
 
 
 def test_cores_are_split_between_server_and_load_generator():
@@ -144,7 +146,7 @@ def test_short_plan_covers_every_metric_and_stays_small():
     # 16 of them per round: infinity-emb, its twins and the mixed-length rows; 6 traced; 12
     # for classify_fused beside the ensemble and the pipeline peer.
     assert plan.size() * plan.rounds <= 140
-    assert {model for model, _, _ in plan.traced} == {spec.ENSEMBLE, spec.FUSED}
+    assert {model for model, _, _ in plan.traced} == {classification.ENSEMBLE, classification.FUSED}
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
     assert {c.model for c in cases} == {*MODELS, *TEXT_MODELS}
     assert {c.protocol for c in cases} == {"grpc", "http"}
@@ -200,7 +202,7 @@ def recorded_rows(tmp_path: Path) -> tuple[list[dict], dict]:
             "error": "",
             "classifier_batch_histogram": "",
         }
-        for m in (spec.ENSEMBLE, *variants.STEPS):
+        for m in (classification.ENSEMBLE, *variants.STEPS):
             base[f"{m}_avg_batch"] = extra.get(f"{m}_avg_batch", "")
             base[f"{m}_request_ms"] = extra.get(f"{m}_request_ms", "")
         return base
@@ -208,20 +210,21 @@ def recorded_rows(tmp_path: Path) -> tuple[list[dict], dict]:
     rows = []
     for r in (1, 2):
         rows += [
-            row(r, "triton", "batching", spec.ENSEMBLE, 1, 90, 10.5, 12,
+            row(r, "triton", "batching", classification.ENSEMBLE, 1, 90, 10.5, 12,
                 classify_request_ms=10.0, preprocess_request_ms=3.0, classifier_request_ms=5.5,
                 postprocess_request_ms=0.9),
-            row(r, "triton", "batching", spec.ENSEMBLE, 16, 133, 120, 130),
-            row(r, "triton", "batching", spec.CLASSIFIER, 1, 150, 6.5, 7),
-            row(r, "triton", "batching", spec.CLASSIFIER, 16, 190, 80, 90, classifier_avg_batch=4),
-            row(r, "triton", "no-batching", spec.CLASSIFIER, 16, 150, 100, 110),
-            row(r, "triton", "batching", spec.PREPROCESS, 16, 400, 40, 50),
-            row(r, "triton", "batching", spec.POSTPROCESS, 16, 5000, 3, 8),
-            row(r, "triton", "batching", spec.CLASSIFIER, 16, 60, 260, 300, payload="json",
+            row(r, "triton", "batching", classification.ENSEMBLE, 16, 133, 120, 130),
+            row(r, "triton", "batching", classification.CLASSIFIER, 1, 150, 6.5, 7),
+            row(r, "triton", "batching", classification.CLASSIFIER, 16, 190, 80, 90,
+                classifier_avg_batch=4),
+            row(r, "triton", "no-batching", classification.CLASSIFIER, 16, 150, 100, 110),
+            row(r, "triton", "batching", classification.PREPROCESS, 16, 400, 40, 50),
+            row(r, "triton", "batching", classification.POSTPROCESS, 16, 5000, 3, 8),
+            row(r, "triton", "batching", classification.CLASSIFIER, 16, 60, 260, 300,
+                payload="json", protocol="http"),
+            row(r, "peer", "-", classification.CLASSIFIER, 16, 30, 500, 600, payload="json",
                 protocol="http"),
-            row(r, "peer", "-", spec.CLASSIFIER, 16, 30, 500, 600, payload="json",
-                protocol="http"),
-            row(r, "null-peer", "-", spec.CLASSIFIER, 16, 240, 60, 70, payload="json",
+            row(r, "null-peer", "-", classification.CLASSIFIER, 16, 240, 60, 70, payload="json",
                 protocol="http"),
         ]  # fmt: skip
     raw = {r: {"model": {1: 200.0, 4: 210.0, 8: 180.0}, "pipeline": {1: 140.0, 8: 130.0}}
@@ -281,10 +284,13 @@ def test_full_plan_is_well_formed():
     cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
     assert {c.model for c in cases} == {*MODELS, *TEXT_MODELS}
     assert all(
-        c.payload == "binary" or c.model in (spec.CLASSIFIER, "embed", "embed_graph") for c in cases
+        c.payload == "binary" or c.model in (classification.CLASSIFIER, "embed", "embed_graph")
+        for c in cases
     )
     assert set(plan.rate_targets) == {
-        (m, p) for m in (spec.ENSEMBLE, spec.CLASSIFIER) for p in ("grpc", "http")
+        (m, p)
+        for m in (classification.ENSEMBLE, classification.CLASSIFIER)
+        for p in ("grpc", "http")
     }
     peers = 2 * 2 * 6 + 6  # classifier and embed, JSON and binary, and classify: six levels
     nulls = 2 * 2 * 3 + 3  # and the load generator's ceiling for classify's binary images
@@ -344,20 +350,22 @@ def test_mixed_texts_are_distinct_sentences_and_passages_and_reproducible():
     assert text_samples.mixed_texts(2000, seed=8) != texts
     # What the benchmark sends: one text per request, none twice.
     entries = inputs.text_entries(inputs.mixed_texts())
-    assert len({e[espec.TEXT]["content"][0] for e in entries}) == inputs.MIXED_TEXTS
+    assert len({e[embedding.TEXT]["content"][0] for e in entries}) == inputs.MIXED_TEXTS
 
 
 def test_harness_reads_embeds_steps_from_the_configs_it_serves():
     # The CPU configs: embed is one step, tokenize_encode (v1 fp32, v2 INT8), which pads.
     local = stats_models("local")
-    assert espec.TOKENIZE_ENCODE in local
-    assert espec.TOKENIZE not in local and espec.ENCODER not in local
-    assert padding_step("embed", "local") == (espec.TOKENIZE_ENCODE, "1")
-    assert padding_step("embed_int8", "local") == (espec.TOKENIZE_ENCODE, "2")
+    assert embedding.TOKENIZE_ENCODE in local
+    assert embedding.TOKENIZE not in local and embedding.ENCODER not in local
+    assert padding_step("embed", "local") == (embedding.TOKENIZE_ENCODE, "1")
+    assert padding_step("embed_int8", "local") == (embedding.TOKENIZE_ENCODE, "2")
     # local-shed keeps tokenize -> encoder.
     shed = stats_models("local-shed")
-    assert {espec.TOKENIZE, espec.ENCODER} <= set(shed) and espec.TOKENIZE_ENCODE not in shed
-    assert padding_step("embed", "local-shed") == (espec.TOKENIZE, None)
+    assert {embedding.TOKENIZE, embedding.ENCODER} <= set(
+        shed
+    ) and embedding.TOKENIZE_ENCODE not in shed
+    assert padding_step("embed", "local-shed") == (embedding.TOKENIZE, None)
 
 
 def test_token_counts_are_read_from_the_metrics_page():
@@ -371,8 +379,8 @@ pipeline_padded_tokens_total{model="tokenize_encode",version="2"} 70
 pipeline_padded_tokens_total{model="tokenize",version="1"} 9
 nv_inference_count{model="tokenize_encode",version="1"} 3
 """
-    assert stats.token_counts(page, espec.TOKENIZE_ENCODE, "1") == (1200, 1500)
-    assert stats.token_counts(page, espec.TOKENIZE_ENCODE) == (1250, 1570)
+    assert stats.token_counts(page, embedding.TOKENIZE_ENCODE, "1") == (1200, 1500)
+    assert stats.token_counts(page, embedding.TOKENIZE_ENCODE) == (1250, 1570)
     assert stats.token_counts(page, "encoder") == (0, 0)
 
 
@@ -468,8 +476,8 @@ def test_the_tuner_measures_embed_where_it_runs_the_tuned_encoder():
     # The CPU configs serve embed as tokenize_encode alone; the tuned configs keep the encoder.
     assert not search.serves_tuned_steps("embed", MODEL_REPOSITORY, "local")
     assert search.serves_tuned_steps("embed", MODEL_REPOSITORY, "local-tuned")
-    assert search.serves_tuned_steps(spec.ENSEMBLE, MODEL_REPOSITORY, "local")
-    assert search.serves_tuned_steps(spec.CLASSIFIER, MODEL_REPOSITORY, "local")
+    assert search.serves_tuned_steps(classification.ENSEMBLE, MODEL_REPOSITORY, "local")
+    assert search.serves_tuned_steps(classification.CLASSIFIER, MODEL_REPOSITORY, "local")
 
 
 def test_ratios_are_taken_against_the_raw_pipeline_read_beside_each_case():
@@ -484,9 +492,9 @@ def test_ratios_are_taken_against_the_raw_pipeline_read_beside_each_case():
 
     # The machine was 20 % slower while the peer ran: its raw reading says so.
     rows = [
-        row("triton", spec.ENSEMBLE, 1, 90.0, 12.0, (100.0, 110.0)),
-        row("triton", spec.ENSEMBLE, 8, 100.0, 90.0, (100.0, 110.0)),
-        row("peer", spec.ENSEMBLE, 8, 88.0, 100.0, (80.0, 88.0)),
+        row("triton", classification.ENSEMBLE, 1, 90.0, 12.0, (100.0, 110.0)),
+        row("triton", classification.ENSEMBLE, 8, 100.0, 90.0, (100.0, 110.0)),
+        row("peer", classification.ENSEMBLE, 8, 88.0, 100.0, (80.0, 88.0)),
     ]
     raw = {"pipeline": {1: 150.0, 4: 160.0}}  # the round's curve, minutes earlier: not used
     metrics = {m.name: m for m in METRICS}

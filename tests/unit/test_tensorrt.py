@@ -11,7 +11,7 @@ import pytest
 import model_config
 from export import tensorrt as trt_export
 from paths import MODEL_REPOSITORY
-from pipelines import classification, embedding
+from pipelines import classification, embedding, padding
 from server.gpus import Gpu, place_instances
 
 
@@ -54,7 +54,7 @@ def test_classifier_profiles_follow_its_gpu_config():
 
 def test_encoder_profiles_span_the_tokenizer_buckets():
     low, opt, high = trt_export.sequence_range()
-    assert (low, high) == (embedding.BUCKETS[0], embedding.MAX_TOKENS) and opt in embedding.BUCKETS
+    assert (low, high) == (padding.BUCKETS[0], embedding.MAX_TOKENS) and opt in padding.BUCKETS
     config = gpu_config(embedding.ENCODER)
     profiles = trt_export.profiles_for(config, recipe(embedding.ENCODER).dynamic)
     for profile in profiles:

@@ -10,13 +10,17 @@ import pytest
 from bench.harness import trace
 from bench.harness.raw import STAGES, STEP_STAGES
 from bench.report import attribution
-from pipelines import classification as spec
+from pipelines import classification
 
-STEPS = (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS)
+STEPS = (classification.PREPROCESS, classification.CLASSIFIER, classification.POSTPROCESS)
 # Per step: REQUEST_START → QUEUE_START → COMPUTE_START → COMPUTE_INPUT_END →
 # COMPUTE_OUTPUT_START, then the next step starts; its COMPUTE_END and REQUEST_END come later
 # (a step's release is off the request's path), as Triton 2.51 records them.
-STEP_MS = {spec.PREPROCESS: 2.0, spec.CLASSIFIER: 6.0, spec.POSTPROCESS: 0.5}
+STEP_MS = {
+    classification.PREPROCESS: 2.0,
+    classification.CLASSIFIER: 6.0,
+    classification.POSTPROCESS: 0.5,
+}
 
 
 def entries(trace_id: int, start_ms: float, protocol: str = "grpc", complete: bool = True):
@@ -26,7 +30,7 @@ def entries(trace_id: int, start_ms: float, protocol: str = "grpc", complete: bo
     send = ("GRPC_SEND_START", "GRPC_SEND_END")
     if protocol == "http":
         send = ("HTTP_SEND_START", "HTTP_SEND_END")
-    out = [{"id": trace_id, "model_name": spec.ENSEMBLE, "model_version": 1}]
+    out = [{"id": trace_id, "model_name": classification.ENSEMBLE, "model_version": 1}]
     moments = {read: ms(0), "REQUEST_START": ms(0.05), "QUEUE_START": ms(0.06)}
     t = 0.1
     for n, step in enumerate(STEPS):
@@ -74,9 +78,12 @@ def test_a_request_is_laid_out_along_its_path_and_the_segments_add_up(tmp_path):
     assert trace.critical_path(traces[2]) is None  # no SEND_END: not complete
 
     # Only the complete requests of the model inside the window count.
-    assert [t.id for t in trace.within(traces, spec.ENSEMBLE, first[1], second[2])] == [1, 2]
-    assert trace.within(traces, spec.CLASSIFIER, first[1], second[2]) == []
-    result = trace.breakdown(trace.within(traces, spec.ENSEMBLE, 0, 10**15), skip=0)
+    assert [t.id for t in trace.within(traces, classification.ENSEMBLE, first[1], second[2])] == [
+        1,
+        2,
+    ]
+    assert trace.within(traces, classification.CLASSIFIER, first[1], second[2]) == []
+    result = trace.breakdown(trace.within(traces, classification.ENSEMBLE, 0, 10**15), skip=0)
     assert result.requests == 2
     assert result.total_ms == pytest.approx((first[2] - first[1]) / 1e6)
     assert result.get("classifier: compute") == pytest.approx(6.0)
@@ -100,7 +107,7 @@ def test_the_gap_at_concurrency_one_is_split_into_causes_that_add_up(tmp_path):
     later = {name: 1.2 for name in STAGES}  # 1 ms slower after the case: more than 0.5 ms
     window = {"window_start_ns": requests[0][1], "window_end_ns": requests[-1][2]}
     row = {
-        "round": 1, "system": "triton", "model": spec.ENSEMBLE, "protocol": "grpc",
+        "round": 1, "system": "triton", "model": classification.ENSEMBLE, "protocol": "grpc",
         "payload": "binary", "mode": "concurrency", "level": 1.0, "calls": "sync",
         "dataset": "samples", "throughput": 80.0,
     }  # fmt: skip
@@ -113,7 +120,7 @@ def test_the_gap_at_concurrency_one_is_split_into_causes_that_add_up(tmp_path):
     ]  # fmt: skip
     found, problems = attribution.breakdowns(rows, tmp_path)
     assert problems == [] and len(found) == 1
-    grpc = attribution.concurrency_one(rows, found, spec.ENSEMBLE)["grpc"]
+    grpc = attribution.concurrency_one(rows, found, classification.ENSEMBLE)["grpc"]
     # Each of the five stages took 1.0 ms before the case and 1.2 ms after: 1.1 ms on average,
     # 5.5 ms for the pipeline; the client's 12 ms leave a gap of 6.5 ms to explain.
     assert len(STAGES) == 5
@@ -121,7 +128,7 @@ def test_the_gap_at_concurrency_one_is_split_into_causes_that_add_up(tmp_path):
     assert grpc["figures"]["gap: client mean, traced − raw pipeline"] == pytest.approx(6.5)
     assert sum(grpc["causes"].values()) == pytest.approx(6.5)
     # The classifier step computes for 6 ms around its one raw stage (the model, 1.1 ms).
-    assert STEP_STAGES[spec.CLASSIFIER] == ("model",)
+    assert STEP_STAGES[classification.CLASSIFIER] == ("model",)
     beyond = grpc["causes"]["classifier: compute beyond its raw functions"]
     assert beyond == pytest.approx(4.9)
     assert grpc["figures"]["client mean, untraced (same round)"] == 11.5

@@ -9,7 +9,7 @@ import pytest
 import model_config
 from bench.harness import perf_analyzer
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
+from pipelines import classification
 from tune import search
 
 # Raw EfficientNet-Lite0 curves measured here (images/s by batch size, per thread budget).
@@ -169,14 +169,19 @@ def test_a_shared_search_verifies_pairs_in_order_within_the_budget():
 
 def test_the_winner_is_written_as_a_valid_config(tmp_path):
     repository = tmp_path / "repo"
-    for step in (spec.PREPROCESS, spec.CLASSIFIER, spec.POSTPROCESS):
+    for step in (classification.PREPROCESS, classification.CLASSIFIER, classification.POSTPROCESS):
         shutil.copytree(MODEL_REPOSITORY / step, repository / step, symlinks=True,
                         ignore=shutil.ignore_patterns("*.onnx", "local-tuned.pbtxt"))  # fmt: skip
-    variant = search.variant_for(search.Candidate(4, 500, 2), spec.ENSEMBLE, cores=2)
+    variant = search.variant_for(search.Candidate(4, 500, 2), classification.ENSEMBLE, cores=2)
     tuned = variant.configs(repository, "local")
     paths = search.write_configs(variant, repository, "local", "local-tuned", "header line")
-    assert sorted(p.parent.parent.name for p in paths) == [spec.CLASSIFIER, spec.PREPROCESS]
-    classifier = model_config.parse(repository / spec.CLASSIFIER / "configs/local-tuned.pbtxt")
+    assert sorted(p.parent.parent.name for p in paths) == [
+        classification.CLASSIFIER,
+        classification.PREPROCESS,
+    ]
+    classifier = model_config.parse(
+        repository / classification.CLASSIFIER / "configs/local-tuned.pbtxt"
+    )
     assert classifier.backend == "python"  # derived from the local variant
     assert list(classifier.dynamic_batching.preferred_batch_size) == [4]
     assert classifier.dynamic_batching.max_queue_delay_microseconds == 500

@@ -14,18 +14,16 @@ import numpy as np
 import orjson
 
 from paths import MODEL_REPOSITORY
-from pipelines import classification as spec
-from pipelines import embedding as embed_spec
-from pipelines import image, onnx_runner
+from pipelines import classification, embedding, image, imagenet, onnx_runner, padding, tokenization
 
-MODEL_NAME = spec.CLASSIFIER  # the model served by default
+MODEL_NAME = classification.CLASSIFIER  # the model served by default
 MODEL_VERSION = "1"
-DEFAULT_MODEL = MODEL_REPOSITORY / spec.CLASSIFIER / MODEL_VERSION / "model.onnx"
-INPUT_DIMS = (spec.CHANNELS, spec.IMAGE_SIZE, spec.IMAGE_SIZE)
-OUTPUT_DIMS = (spec.NUM_CLASSES,)
-EMBED_MODEL_NAME = embed_spec.ENSEMBLE
+DEFAULT_MODEL = MODEL_REPOSITORY / classification.CLASSIFIER / MODEL_VERSION / "model.onnx"
+INPUT_DIMS = (classification.CHANNELS, classification.IMAGE_SIZE, classification.IMAGE_SIZE)
+OUTPUT_DIMS = (classification.NUM_CLASSES,)
+EMBED_MODEL_NAME = embedding.ENSEMBLE
 # The fp32 encoder (version 1), as in Triton's "embed" ensemble.
-DEFAULT_EMBED_MODEL = MODEL_REPOSITORY / embed_spec.ENCODER / "1" / "model.onnx"
+DEFAULT_EMBED_MODEL = MODEL_REPOSITORY / embedding.ENCODER / "1" / "model.onnx"
 # Triton's binary tensor extension: the JSON header's length; binary tensors follow it.
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -209,12 +207,12 @@ class ServedModel(abc.ABC):
 class ClassifierModel(ServedModel):
     """The image classifier: PIXELS UINT8 [-1, 3, 224, 224] → LOGITS FP32 [-1, 1000]."""
 
-    name = spec.CLASSIFIER
-    input = spec.PIXELS
+    name = classification.CLASSIFIER
+    input = classification.PIXELS
     datatype = "UINT8"
     config_type = "TYPE_UINT8"
     input_dims = INPUT_DIMS
-    output = spec.LOGITS
+    output = classification.LOGITS
     output_dims = OUTPUT_DIMS
     max_batch = 32
     default_path = DEFAULT_MODEL
@@ -260,7 +258,9 @@ class ClassifierModel(ServedModel):
         """Pixels [rows, 3, 224, 224] → logits [rows, 1000], one onnxruntime run."""
 
         def run_batch(pixels: np.ndarray) -> np.ndarray:
-            return onnx_runner.run(session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
+            return onnx_runner.run(
+                session, {classification.PIXELS: pixels}, [classification.LOGITS]
+            )[0]
 
         return run_batch
 
@@ -326,12 +326,12 @@ class EmbedModel(ServedModel):
     """
 
     name = EMBED_MODEL_NAME
-    input = embed_spec.TEXT
+    input = embedding.TEXT
     datatype = "BYTES"
     config_type = "TYPE_STRING"
     input_dims = (1,)
-    output = embed_spec.EMBEDDING
-    output_dims = (embed_spec.HIDDEN_SIZE,)
+    output = embedding.EMBEDDING
+    output_dims = (embedding.HIDDEN_SIZE,)
     max_batch = 64
     default_path = DEFAULT_EMBED_MODEL
     # Tokenizer and pooling in Python around onnxruntime: a Python-backend model in Triton.
@@ -360,8 +360,8 @@ class EmbedModel(ServedModel):
         texts = []
         for i, item in enumerate(items):
             try:
-                texts.append(embed_spec.decode_text(item))
-            except embed_spec.TextError as exc:
+                texts.append(tokenization.decode_text(item))
+            except tokenization.TextError as exc:
                 raise InferenceRequestError(f"{self.input}[{i}]: {exc}") from None
         return texts
 
@@ -369,12 +369,12 @@ class EmbedModel(ServedModel):
         """Texts → embeddings [rows, 384]: one tokenizer call, one encoder run (it pools)."""
 
         def run_batch(texts: list[str]) -> Padded:
-            tokens, _ = embed_spec.encode(texts)
+            tokens, _ = tokenization.encode(texts)
             # Padded to the longest text of the micro-batch, as a plain batched encode() does
             # (sentence-transformers); Triton sorts by length into sub-batches instead.
-            ids, mask = embed_spec.pad(tokens, length=max(len(t) for t in tokens))
-            feeds = {embed_spec.INPUT_IDS: ids, embed_spec.ATTENTION_MASK: mask}
-            outputs = onnx_runner.run(session, feeds, [embed_spec.EMBEDDING])[0]
+            ids, mask = padding.pad(tokens, length=max(len(t) for t in tokens))
+            feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+            outputs = onnx_runner.run(session, feeds, [embedding.EMBEDDING])[0]
             return Padded(outputs, sum(map(len, tokens)), ids.size)
 
         return run_batch
@@ -394,20 +394,20 @@ class ClassifyModel(ServedModel):
     request fails (HTTP 500), as in any batch function that raises.
     """
 
-    name = spec.ENSEMBLE
-    input = spec.IMAGE
+    name = classification.ENSEMBLE
+    input = classification.IMAGE
     datatype = "BYTES"
     config_type = "TYPE_STRING"
     input_dims = (1,)
-    output = spec.CLASS_IDS
-    output_dims = (spec.DEFAULT_TOP_K,)
+    output = classification.CLASS_IDS
+    output_dims = (classification.DEFAULT_TOP_K,)
     max_batch = 32
     default_path = DEFAULT_MODEL
     platform = "python"
     backend = "python"
     # A request's rows of a batch's result: one record per image.
-    RESULT = np.dtype([("ids", np.int32, (spec.DEFAULT_TOP_K,)),
-                       ("scores", np.float32, (spec.DEFAULT_TOP_K,))])  # fmt: skip
+    RESULT = np.dtype([("ids", np.int32, (classification.DEFAULT_TOP_K,)),
+                       ("scores", np.float32, (classification.DEFAULT_TOP_K,))])  # fmt: skip
 
     def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> list[bytes] | None:
         """Encoded images as JSON strings are not taken: images travel as binary tensors."""
@@ -425,9 +425,11 @@ class ClassifyModel(ServedModel):
             failed = [str(e) for e in errors if e is not None]
             if failed:
                 raise InferenceRequestError(f"{self.input}: {failed[0]}")
-            logits = onnx_runner.run(session, {spec.PIXELS: pixels}, [spec.LOGITS])[0]
+            logits = onnx_runner.run(
+                session, {classification.PIXELS: pixels}, [classification.LOGITS]
+            )[0]
             out = np.empty(len(images), self.RESULT)
-            out["ids"], out["scores"] = spec.top_k(logits, spec.DEFAULT_TOP_K)
+            out["ids"], out["scores"] = imagenet.top_k(logits, classification.DEFAULT_TOP_K)
             return out
 
         return run_batch
@@ -440,16 +442,20 @@ class ClassifyModel(ServedModel):
 
     def output_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """LABELS, SCORES and CLASS_IDS, as the classify ensemble answers them."""
-        k = (spec.DEFAULT_TOP_K,)
-        return [(spec.LABELS, "BYTES", k), (spec.SCORES, "FP32", k), (spec.CLASS_IDS, "INT32", k)]
+        k = (classification.DEFAULT_TOP_K,)
+        return [
+            (classification.LABELS, "BYTES", k),
+            (classification.SCORES, "FP32", k),
+            (classification.CLASS_IDS, "INT32", k),
+        ]
 
     def output_tensors(self, result: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
         """The three outputs of a request's records; labels looked up from the ids."""
         ids = np.ascontiguousarray(result["ids"])
         return [
-            (spec.LABELS, "BYTES", spec.label_names(ids)),
-            (spec.SCORES, "FP32", np.ascontiguousarray(result["scores"])),
-            (spec.CLASS_IDS, "INT32", ids),
+            (classification.LABELS, "BYTES", imagenet.label_names(ids)),
+            (classification.SCORES, "FP32", np.ascontiguousarray(result["scores"])),
+            (classification.CLASS_IDS, "INT32", ids),
         ]
 
     def null_result(self, rows: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from pipelines import embedding as spec
+from pipelines import tokenization
 from pipelines.backend import batching as bk
 from pipelines.backend.onnx_model import OnnxRuntimeModel
 
@@ -14,7 +14,7 @@ class TritonPythonModel(OnnxRuntimeModel):
     def read(request, name):
         """TEXT items as str, or ``RequestError`` naming the bad one."""
         try:
-            texts = spec.decode_texts(bk.input_array(request, name))
-        except spec.TextError as exc:
+            texts = tokenization.decode_texts(bk.input_array(request, name))
+        except tokenization.TextError as exc:
             raise bk.RequestError(str(exc)) from None
         return np.array(texts, dtype=object).reshape(-1, 1)

@@ -1,4 +1,4 @@
-"""Triton adapter: UTF-8 texts → word-piece ids and attention masks (pipelines.embedding)."""
+"""Triton adapter: UTF-8 texts → word-piece ids and attention masks (pipelines.padding)."""
 
 from pipelines.backend.text_model import TokenizeModel as TritonPythonModel
 

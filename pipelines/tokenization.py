@@ -1,0 +1,70 @@
+"""Texts to word pieces: request items decoded with clear errors, then MiniLM's own tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+from pipelines import embedding, minilm_weights
+
+
+@lru_cache(maxsize=1)
+def tokenizer():
+    """The model's own tokenizer.json, truncating like sentence-transformers.
+
+    The file ships with fixed padding to 128 and truncation at 128; sentence-transformers
+    truncates at 256 (at 128, long texts drift from the reference: docs/models.md). Padding is
+    ours to choose (``pipelines.padding``), so the tokenizer does none.
+    """
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_buffer(minilm_weights.read_member("tokenizer.json"))
+    tok.enable_truncation(max_length=embedding.MAX_TOKENS)
+    tok.no_padding()
+    return tok
+
+
+class TextError(ValueError):
+    """A text that cannot be embedded; the message names the problem."""
+
+
+def decode_text(data: bytes) -> str:
+    """UTF-8 bytes of one request item → str, with a clear error for anything else."""
+    if not data:
+        raise TextError("empty text: expected at least one character")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TextError(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
+    if not text.strip():
+        raise TextError("text has only whitespace")
+    return text
+
+
+# Tokenizing takes time that grows with the text's length (seconds for megabytes: docs/models.md,
+# "Long texts") and blocks the instance for every other request, while only the first 256 word
+# pieces (a few kB) reach the encoder: longer texts are refused, not tokenized.
+MAX_TEXT_BYTES = 256 * 1024
+
+
+def decode_texts(items) -> list[str]:
+    """A request's TEXT items (bytes) → str, or ``TextError`` naming the first bad item."""
+    if items is None or items.size == 0:
+        raise TextError("no texts in the request")
+    texts = []
+    for i, item in enumerate(items.reshape(-1)):
+        try:
+            if len(item) > MAX_TEXT_BYTES:
+                raise TextError(
+                    f"text too large: {len(item)} bytes, over the {MAX_TEXT_BYTES}-byte limit"
+                )
+            texts.append(decode_text(item))
+        except TextError as exc:
+            raise TextError(f"{embedding.TEXT}[{i}]: {exc}") from None
+    return texts
+
+
+def encode(texts: Sequence[str]) -> tuple[list[list[int]], int]:
+    """Word-piece ids of each text (with [CLS]/[SEP], truncated), and how many were truncated."""
+    encodings = tokenizer().encode_batch(list(texts))
+    return [e.ids for e in encodings], sum(1 for e in encodings if e.overflowing)
