@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import classification, image, imagenet, onnx_runner
+from pipelines import classification, image, imagenet
 from pipelines.backend import batching as bk
-from pipelines.backend import metrics, torch_io
+from pipelines.backend import engines, metrics, torch_io
 
 
 # What each request holds, and what it gets back -------------------------------------------------
@@ -186,11 +186,7 @@ class FusedClassifyModel:
         self.default_k = int(params.get("top_k", classification.DEFAULT_TOP_K))
         # The path is relative to the repository, which is this model folder's parent.
         onnx_path = Path(args["model_repository"]).parent / params["model"]
-        self.session = onnx_runner.create_session(
-            onnx_path,
-            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
-            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
-        )
+        self.engine = engines.open_engine(onnx_path, [classification.LOGITS], params)
         self.metrics = metrics.PreprocessMetrics(args)
         imagenet.label_names(np.zeros(1, dtype=np.int32))
 
@@ -214,9 +210,7 @@ class FusedClassifyModel:
         if good:
             # Only the requests whose images all decoded reach the model, in one run.
             wanted = np.concatenate([np.arange(*rows) for rows, _ in good])
-            logits = onnx_runner.run(
-                self.session, {classification.PIXELS: pixels[wanted]}, [classification.LOGITS]
-            )[0]
+            (logits,) = self.engine({classification.PIXELS: pixels[wanted]})
             rows = spans([end - start for (start, end), _ in good])
             outputs = respond_top_k(logits, rows, [k for _, k in good])
         answers = iter(outputs)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import onnx_runner
 from pipelines.backend import batching as bk
+from pipelines.backend import engines
 
 
 class OnnxRuntimeModel:
@@ -27,24 +27,18 @@ class OnnxRuntimeModel:
     read = staticmethod(bk.input_array)
 
     def initialize(self, args):
-        """Open the session with the thread budget the config gives this instance."""
+        """Open the graph with the thread budget the config gives this instance."""
         self.name = args["model_name"]
         config = json.loads(args["model_config"])
         params = bk.parameters(args)
         self.inputs = [t["name"] for t in config["input"]]
         self.outputs = [t["name"] for t in config["output"]]
         path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
-        self.session = onnx_runner.create_session(
-            path,
-            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
-            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
-            custom_ops=params.get("onnxruntime_extensions") == "yes",
-        )
+        self.engine = engines.open_engine(path, self.outputs, params)
         self.run = bk.concatenated(self._run)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = onnx_runner.run(self.session, feeds, self.outputs)
-        return dict(zip(self.outputs, outputs, strict=True))
+        return dict(zip(self.outputs, self.engine(feeds), strict=True))
 
     def execute(self, requests):
         """One response per request, in order; requests of equal shapes share one run.

@@ -8,7 +8,8 @@ onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.on
 
 Where Triton serves the encoder on a native backend (TensorRT or onnxruntime, in the NGC
 container: ``encoder_backend: "triton"``), the step calls that model through BLS instead of
-running the graph itself, one request per sub-batch.
+running the graph itself, one request per sub-batch (``pipelines.backend.engines`` opens
+either).
 
 In front of the encoder it keeps a per-text cache (``pipelines.text_cache``): its own LRU of
 ``text_cache_bytes``, and the Redis at ``$EMBED_TEXT_CACHE_URL`` when the launcher gives one.
@@ -25,11 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import embedding, minilm_weights, onnx_runner, padding, text_cache, tokenization
+from pipelines import embedding, minilm_weights, padding, text_cache, tokenization
 from pipelines.backend import batching as bk
-from pipelines.backend import metrics
-
-# Where the shared layer is: set by the launcher (server/redis.py) or the deployment.
+from pipelines.backend import engines, metrics
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -91,26 +90,19 @@ class TokenizeEncodeModel(TokenizeModel):
     def initialize(self, args):
         """Open the encoder of this version (its graph, or Triton's model), then the tokenizer."""
         params = bk.parameters(args)
-        repository = Path(args["model_repository"]).parent
-        path = repository / embedding.ENCODER / args["model_version"] / "model.onnx"
-        backend = params.get("encoder_backend", "onnxruntime")
-        if backend == "triton":
-            rows = int(params.get("encoder_max_batch", str(embedding.MAX_TEXTS)))
-            self._encoder = TritonEncoder(int(args["model_version"]), rows)
-            # What the model serves from: a TensorRT plan where one was built, else the graph.
-            plan = path.with_name("model.plan")
-            path = plan if plan.exists() else path
-        elif backend == "onnxruntime":
-            self._encoder = OnnxEncoder(
-                path,
-                intra_op_threads=int(params.get("intra_op_thread_count", "1")),
-                inter_op_threads=int(params.get("inter_op_thread_count", "1")),
-            )
-        else:
-            raise ValueError(f"encoder_backend {backend!r}: onnxruntime or triton")
+        version = args["model_version"]
+        graph = Path(args["model_repository"]).parent / embedding.ENCODER / version / "model.onnx"
+        max_rows = int(params.get("encoder_max_batch", str(embedding.MAX_TEXTS)))
+        self.engine = engines.open_engine(
+            graph,
+            [embedding.EMBEDDING],
+            params,
+            runtime=params.get("encoder_backend", "onnxruntime"),
+            served=engines.Served(embedding.ENCODER, int(version), max_rows),
+        )
         self.max_tokens = int(params.get("max_batch_tokens", padding.MAX_BATCH_TOKENS))
         super().initialize(args)
-        self.cache = text_cache_for(args, params, path, backend)
+        self.cache = text_cache_for(args, params, self.engine)
         self.cache_metrics = metrics.TextCacheMetrics(args) if self.cache else None
 
     def finalize(self):
@@ -125,6 +117,11 @@ class TokenizeEncodeModel(TokenizeModel):
         vectors, padded = padding.encode_sorted(self._encoder, tokens, self.max_tokens)
         self.metrics.batch(sum(map(len, tokens)), padded, truncated)
         return vectors, np.array([len(t) for t in tokens], dtype=np.int32)
+
+    def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Embeddings [n, 384] of padded rows, in their order."""
+        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
+        return self.engine(feeds)[0]
 
     def _embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's vector and word pieces: from the cache where it has them."""
@@ -161,61 +158,6 @@ class TokenizeEncodeModel(TokenizeModel):
     def execute(self, requests):
         """Every text of every request in one tokenizer call and sorted encoder runs."""
         return bk.execute(requests, self._parse, self._run, model=self.name, rows=len, isolate=True)
-
-
-class OnnxEncoder:
-    """The encoder's graph on onnxruntime in this process: (ids, mask) → embeddings."""
-
-    def __init__(self, path: Path, intra_op_threads: int, inter_op_threads: int):
-        self.session = onnx_runner.create_session(
-            path, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads
-        )
-
-    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Embeddings [n, 384] in the rows' order."""
-        feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
-        return onnx_runner.run(self.session, feeds, [embedding.EMBEDDING])[0]
-
-
-class TritonEncoder:
-    """The encoder model of this server, called through BLS: (ids, mask) → embeddings.
-
-    A sub-batch larger than the model's ``max_batch_size`` (``max_rows``) goes in pieces.
-    """
-
-    def __init__(self, version: int, max_rows: int):
-        self.version = version
-        self.max_rows = max_rows
-
-    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Embeddings [n, 384] in the rows' order, on the host."""
-        import triton_python_backend_utils as pb_utils
-
-        out = []
-        for start in range(0, len(ids), self.max_rows):
-            rows = slice(start, start + self.max_rows)
-            request = pb_utils.InferenceRequest(
-                model_name=embedding.ENCODER,
-                model_version=self.version,
-                requested_output_names=[embedding.EMBEDDING],
-                inputs=[
-                    pb_utils.Tensor(embedding.INPUT_IDS, np.ascontiguousarray(ids[rows])),
-                    pb_utils.Tensor(embedding.ATTENTION_MASK, np.ascontiguousarray(mask[rows])),
-                ],
-            )
-            response = request.exec()
-            if response.has_error():
-                raise RuntimeError(
-                    f"{embedding.ENCODER} {self.version}: {response.error().message()}"
-                )
-            tensor = pb_utils.get_output_tensor_by_name(response, embedding.EMBEDDING)
-            if tensor.is_cpu():
-                out.append(tensor.as_numpy())
-            else:  # a GPU engine's output: to the host through DLPack (torch is there)
-                from torch.utils.dlpack import from_dlpack
-
-                out.append(from_dlpack(tensor.to_dlpack()).cpu().numpy())
-        return np.concatenate(out)
 
 
 class TextRowsModel:
@@ -262,7 +204,7 @@ def _sha256(path) -> str:
 
 
 def text_cache_for(
-    args: dict, params: dict[str, str], encoder_path: Path, runtime: str
+    args: dict, params: dict[str, str], engine: engines.Engine
 ) -> text_cache.TextCache | None:
     """The per-text cache the config's ``text_cache_*`` parameters describe (None: off).
 
@@ -278,10 +220,10 @@ def text_cache_for(
     keyspace = text_cache.Keyspace(
         model=embedding.ENCODER,
         version=args["model_version"],
-        encoder_sha256=_sha256(encoder_path),
+        encoder_sha256=_sha256(engine.source),
         tokenizer_sha256=hashlib.sha256(minilm_weights.read_member("tokenizer.json")).hexdigest(),
         max_tokens=embedding.MAX_TOKENS,
-        runtime=runtime,
+        runtime=engine.runtime,
     )
     shared = None
     url = os.environ.get(text_cache.URL_ENV)

@@ -606,8 +606,8 @@ def imported_top_level_modules(path: Path) -> set[str]:
             modules |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules.add(node.module)
-            if node.module == "pipelines":
-                modules |= {f"pipelines.{alias.name}" for alias in node.names}
+            if node.module.split(".")[0] == "pipelines":  # the names may be its modules
+                modules |= {f"{node.module}.{alias.name}" for alias in node.names}
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -635,7 +635,9 @@ def container_imports(config_name: str = "gpu") -> set[str]:
             top = module.split(".")[0]
             if top == "pipelines":
                 local = REPO / (module.replace(".", "/") + ".py")
-                todo.append(local if local.exists() else REPO / "pipelines" / "__init__.py")
+                package = REPO / module.replace(".", "/") / "__init__.py"
+                if local.exists() or package.exists():
+                    todo.append(local if local.exists() else package)
             elif top not in sys.stdlib_module_names:
                 third_party.add(top)
     return third_party

@@ -357,7 +357,7 @@ def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
     assert model.metrics.series["padded"].value == 2 * len(other_ids) + len(long_ids)
     # Version 2 opens the encoder's INT8 graph.
     int8 = load(embedding.TOKENIZE_ENCODE, version="2")
-    assert int8._encoder.session._model_path.endswith("encoder/2/model.onnx")
+    assert int8.engine.source == MODEL_REPOSITORY / embedding.ENCODER / "2" / "model.onnx"
 
 
 def test_tokenize_encode_answers_seen_texts_from_its_cache_and_encodes_a_repeat_once(

@@ -1,0 +1,138 @@
+"""How a Python step runs a model's graph: the one place that chooses, from the config.
+
+Three steps run a graph inside their own stub: the ONNX models on servers without the
+onnxruntime backend (``onnx_model``), ``tokenize_encode``'s encoder and ``classify_fused``'s
+classifier. Each asks ``open_engine`` for an ``Engine`` (feeds in, named outputs out) and never
+looks at how it runs: in this process on onnxruntime, or the model this server serves (a
+TensorRT engine or the native onnxruntime backend on a GPU), called through BLS. The engine also
+says which file answers and how (``source``, ``runtime``), which the per-text cache keys on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from pipelines import onnx_runner
+
+RUNTIMES = ("onnxruntime", "triton")
+
+
+class Served(NamedTuple):
+    """A model this server serves from the graph's folder, for the ``triton`` runtime."""
+
+    model: str
+    version: int
+    max_rows: int  # the most rows one call takes: the served model's max_batch_size
+
+
+class Engine(Protocol):
+    """Runs one model's graph on a batch; rows of every output follow the rows of the feeds."""
+
+    runtime: str  # one of RUNTIMES
+    source: Path  # the file whose numbers come back: the ONNX graph, or the engine built from it
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The outputs the engine was opened for, in that order."""
+        ...
+
+
+@dataclass
+class OnnxEngine:
+    """The graph on onnxruntime in this process, with the thread budget the config gives."""
+
+    source: Path
+    outputs: Sequence[str]
+    session: object
+    runtime: str = "onnxruntime"
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One run of the session on every row."""
+        return onnx_runner.run(self.session, feeds, self.outputs)
+
+
+@dataclass
+class TritonEngine:
+    """A model this server serves, called through BLS in pieces of at most ``max_rows`` rows."""
+
+    source: Path
+    outputs: Sequence[str]
+    model: str
+    version: int
+    max_rows: int
+    runtime: str = "triton"
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The served model's outputs, on the host, in the rows' order."""
+        import triton_python_backend_utils as pb_utils
+
+        rows = len(next(iter(feeds.values())))
+        pieces: list[list[np.ndarray]] = []
+        for start in range(0, rows, self.max_rows):
+            part = slice(start, start + self.max_rows)
+            request = pb_utils.InferenceRequest(
+                model_name=self.model,
+                model_version=self.version,
+                requested_output_names=list(self.outputs),
+                inputs=[
+                    pb_utils.Tensor(name, np.ascontiguousarray(array[part]))
+                    for name, array in feeds.items()
+                ],
+            )
+            response = request.exec()
+            if response.has_error():
+                raise RuntimeError(f"{self.model} {self.version}: {response.error().message()}")
+            pieces.append([_on_host(response, name) for name in self.outputs])
+        return [np.concatenate(column) for column in zip(*pieces, strict=True)]
+
+
+def _on_host(response, name: str) -> np.ndarray:
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_output_tensor_by_name(response, name)
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    # A GPU engine's output: to the host through DLPack (torch is there).
+    from torch.utils.dlpack import from_dlpack
+
+    return from_dlpack(tensor.to_dlpack()).cpu().numpy()
+
+
+def open_engine(
+    graph: Path,
+    outputs: Sequence[str],
+    params: Mapping[str, str],
+    runtime: str = "onnxruntime",
+    served: Served | None = None,
+) -> Engine:
+    """The engine that runs ``graph`` (a model.onnx) as the config's parameters say.
+
+    Args:
+        graph: the ONNX file.
+        outputs: the outputs each call returns, in order.
+        params: the config's parameters: ``intra_op_thread_count``, ``inter_op_thread_count``
+            and ``onnxruntime_extensions``, for onnxruntime.
+        runtime: ``onnxruntime`` (in this process) or ``triton`` (through BLS).
+        served: for ``triton``, the model that this server serves from ``graph``'s folder.
+
+    Raises:
+        ValueError: an unknown runtime, or ``triton`` without ``served``.
+    """
+    if runtime == "onnxruntime":
+        session = onnx_runner.create_session(
+            graph,
+            intra_op_threads=int(params.get("intra_op_thread_count", "1")),
+            inter_op_threads=int(params.get("inter_op_thread_count", "1")),
+            custom_ops=params.get("onnxruntime_extensions") == "yes",
+        )
+        return OnnxEngine(graph, outputs, session)
+    if runtime == "triton" and served is not None:
+        # What the model serves from: a TensorRT plan where one was built, else the graph.
+        plan = graph.with_name("model.plan")
+        source = plan if plan.exists() else graph
+        return TritonEngine(source, outputs, served.model, served.version, served.max_rows)
+    raise ValueError(f"runtime {runtime!r}: one of {', '.join(RUNTIMES)} (triton needs a model)")
