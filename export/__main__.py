@@ -4,9 +4,9 @@ Examples:
     python -m export efficientnet_lite0 --output model_repository/classifier/1/model.onnx
     python -m export minilm     # encoder/1/model.onnx (fp32) and encoder/2/model.onnx (INT8)
     python -m export embed-graph   # embed_graph/1/model.onnx: tokenizer op + fp32 encoder
-    python -m export tensorrt --commands   # the trtexec commands for every engine (no GPU needed)
-    python -m export tensorrt --engines /engines --parity   # build + check (TensorRT + GPU)
     python -m export samples samples/   # the sample photos the parity checks use, as JPEG files
+
+TensorRT engines are built from these graphs by ``python -m export.tensorrt``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from export import (
     minilm,
     onnx_export,
     samples,
-    tensorrt,
     text_graph,
 )
 
@@ -56,51 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     graph.add_argument("--encoder", type=Path, default=minilm.DEFAULT_OUTPUT)
     graph.add_argument("--output", type=Path, default=text_graph.DEFAULT_OUTPUT)
-    trt = sub.add_parser(
-        "tensorrt",
-        help="ONNX → TensorRT engines with profiles from configs/gpu.pbtxt (TensorRT 10+, GPU)",
-    )
-    trt.add_argument("--repository", type=Path, default=Path("model_repository"))
-    trt.add_argument(
-        "--engines", type=Path, help="write <model>/<version>/model.plan here (default: in place)"
-    )
-    trt.add_argument("--timing-cache", type=Path, help="read before and written after each build")
-    trt.add_argument("--workspace-mib", type=int, default=tensorrt.DEFAULT_WORKSPACE_MIB)
-    trt.add_argument("--only", action="append", help="only these models (repeatable)")
-    trt.add_argument("--commands", action="store_true", help="print trtexec commands, build none")
-    trt.add_argument("--parity", action="store_true", help="compare each engine with onnxruntime")
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
     smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
-
-
-def build_engines(args: argparse.Namespace) -> int:
-    """``python -m export tensorrt``: print the trtexec commands, or build (and check) engines."""
-    chosen = [r for r in tensorrt.recipes() if not args.only or r.model in args.only]
-    engines = args.engines or args.repository
-    if args.commands:
-        for recipe in chosen:
-            command = tensorrt.trtexec_command(
-                recipe.onnx_path(args.repository),
-                recipe.plan_path(engines),
-                recipe.profiles(args.repository),
-                recipe.precision,
-                args.workspace_mib,
-                args.timing_cache,
-            )
-            print(" ".join(command))
-        return 0
-    reason = tensorrt.unavailable_reason()
-    if reason:
-        log.error("cannot build engines here: %s (use --commands to see what would run)", reason)
-        return 2
-    for recipe in chosen:
-        plan = recipe.plan_path(engines)
-        tensorrt.build(recipe, args.repository, plan, args.timing_cache, args.workspace_mib)
-        log.info("built %s", plan)
-        if args.parity:
-            tensorrt.parity(recipe, args.repository, plan)
-    return 0
 
 
 def write_samples(directory: Path) -> None:
@@ -123,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         minilm.main(args.output, args.int8_output, args.opset, args.qdq_output)
     elif args.model == "embed-graph":
         text_graph.main(args.encoder, args.output)
-    elif args.model == "tensorrt":
-        return build_engines(args)
     elif args.model == "samples":
         write_samples(args.directory)
     return 0

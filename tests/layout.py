@@ -10,6 +10,7 @@ its imports are read here. It may import ``pipelines`` and nothing else of ours.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,8 +23,17 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"][
-    "root_packages"
+_CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+PACKAGES = _CONFIG["root_packages"]
+
+
+# The export's modules, as its layers contract lists them (exhaustively).
+EXPORT_MODULES = [
+    module.strip()
+    for contract in _CONFIG["contracts"]
+    if contract.get("containers") == ["export"]
+    for layer in contract["layers"]
+    for module in re.split(r"[|:]", layer)
 ]
 
 

@@ -47,19 +47,47 @@ def test_the_repository_keeps_its_import_contracts():
         ("processes", "server"),  # the process manager serves every room and knows none
         ("paths", "pipelines"),  # the paths module names places, it imports nothing of ours
         ("gateway", "server.__main__"),  # a command's __main__ is run, never imported
+        (
+            "export",
+            "export.tensorrt",
+        ),  # engines are built from the export's graphs, not the reverse
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(tmp_path, package, imported):
     """Empty packages under the repository's own contracts, and one import that breaks them."""
-    shutil.copy(layout.REPO / "pyproject.toml", tmp_path)
-    for name in layout.PACKAGES:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "__init__.py").write_text("")
-        (tmp_path / name / "__main__.py").write_text("")  # the contract names them
+    skeleton(tmp_path)
     (tmp_path / package / "bad.py").write_text(f"import {imported}\n")
+    if package == "export":  # its modules are listed one by one
+        (tmp_path / package / "bad.py").rename(tmp_path / package / "minilm.py")
+        package = "export.minilm"
+    else:
+        package = f"{package}.bad"
     result = lint_imports(tmp_path)
     assert result.returncode == 1
-    assert f"{package}.bad -> {imported}" in result.stdout
+    assert f"{package} -> {imported}" in result.stdout
+
+
+def test_an_export_module_the_contract_does_not_list_breaks_it(tmp_path):
+    """The export's layers are exhaustive: a new module must say where it stands."""
+    skeleton(tmp_path)
+    (tmp_path / "export" / "new_model.py").write_text("")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1
+    assert "export.new_model" in result.stdout
+
+
+def skeleton(root: Path) -> None:
+    """Empty packages and modules for every name the repository's contracts give."""
+    shutil.copy(layout.REPO / "pyproject.toml", root)
+    for name in layout.PACKAGES:
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text("")
+        (root / name / "__main__.py").write_text("")  # the contract names them
+    (root / "export" / "tensorrt").mkdir()
+    for module in ("__init__", "__main__"):
+        (root / "export" / "tensorrt" / f"{module}.py").write_text("")
+    for module in layout.EXPORT_MODULES:
+        (root / "export" / f"{module}.py").touch()
 
 
 def test_the_graph_has_every_edge_and_the_gateway_in_front_of_the_server():
