@@ -15,12 +15,11 @@ import orjson
 
 from paths import MODEL_REPOSITORY
 from pipelines import classification, embedding, image, imagenet, onnx_runner, padding, tokenization
+from pipelines.tensors import Signature, Tensor
 
 MODEL_NAME = classification.CLASSIFIER  # the model served by default
 MODEL_VERSION = "1"
 DEFAULT_MODEL = MODEL_REPOSITORY / classification.CLASSIFIER / MODEL_VERSION / "model.onnx"
-INPUT_DIMS = (classification.CHANNELS, classification.IMAGE_SIZE, classification.IMAGE_SIZE)
-OUTPUT_DIMS = (classification.NUM_CLASSES,)
 EMBED_MODEL_NAME = embedding.ENSEMBLE
 # The fp32 encoder (version 1), as in Triton's "embed" ensemble.
 DEFAULT_EMBED_MODEL = MODEL_REPOSITORY / embedding.ENCODER / "1" / "model.onnx"
@@ -31,7 +30,6 @@ SERVER_NAME = "peer-fastapi"
 # The KServe v2 extensions implemented here (of the many Triton lists).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 # KServe v2 datatypes of the outputs → their model-configuration names.
-TYPE_NAMES = {"FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "BYTES": "TYPE_STRING"}
 
 
 class InferenceRequestError(ValueError):
@@ -81,16 +79,23 @@ class ServedModel(abc.ABC):
     """
 
     name: str
-    input: str  # the one input tensor
-    datatype: str  # its KServe v2 datatype
-    config_type: str  # its data_type in the model configuration
-    input_dims: tuple[int, ...]  # without the batch dimension, as in config.pbtxt
-    output: str  # the one output tensor, FP32 (ClassifyModel has three: ``output_specs``)
-    output_dims: tuple[int, ...]
+    # The repository's model of that name: its first input is the one the peer takes, its
+    # outputs what it answers (dims without the batch dimension, as in config.pbtxt).
+    signature: Signature
     max_batch: int  # the default max_batch_size
     default_path: Path  # the ONNX file served when none is given
     platform: str
     backend: str
+
+    @property
+    def taken(self) -> Tensor:
+        """The one input the peer takes."""
+        return self.signature.inputs[0]
+
+    @property
+    def input(self) -> str:
+        """The name of the input the peer takes."""
+        return self.taken.name
 
     def check_shape(self, shape: list, max_batch: int) -> tuple[int, ...]:
         """The declared input shape, if it is ``[batch, *input_dims]`` with batch in range.
@@ -98,9 +103,9 @@ class ServedModel(abc.ABC):
         Raises:
             InferenceRequestError: the shape is wrong, with the expected one in the message.
         """
-        expected = [-1, *self.input_dims]
+        expected = [-1, *self.taken.dims]
         # bool is an int subclass; a shape of [true, 1] is still wrong.
-        if not all(type(d) is int for d in shape) or tuple(shape[1:]) != self.input_dims:
+        if not all(type(d) is int for d in shape) or tuple(shape[1:]) != self.taken.dims:
             raise InferenceRequestError(
                 f"{self.input} has shape {shape}, the model expects {expected} (batch first)"
             )
@@ -146,24 +151,27 @@ class ServedModel(abc.ABC):
 
     def output_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, KServe v2 datatype, dims without the batch) of each output."""
-        return [(self.output, "FP32", self.output_dims)]
+        return [(t.name, t.datatype, t.dims) for t in self.signature.outputs]
 
     def output_tensors(self, result: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
         """(name, datatype, array) of each output, from a request's rows of the batch result."""
-        return [(self.output, "FP32", result)]
+        (output,) = self.signature.outputs  # one FP32 output; ClassifyModel overrides this
+        return [(output.name, output.datatype, result)]
 
     def null_result(self, rows: int) -> np.ndarray:
         """What the null model answers for ``rows`` rows: zeros shaped as the result."""
-        return np.zeros((rows, *self.output_dims), np.float32)
+        (output,) = self.signature.outputs
+        return np.zeros((rows, *output.dims), np.float32)
 
     def metadata(self) -> dict:
         """The model metadata, shaped like Triton's JSON answer."""
+        taken = self.taken
         return {
             "name": self.name,
             "versions": [MODEL_VERSION],
             "platform": self.platform,
             "inputs": [
-                {"name": self.input, "datatype": self.datatype, "shape": [-1, *self.input_dims]}
+                {"name": self.input, "datatype": taken.datatype, "shape": [-1, *taken.dims]}
             ],
             "outputs": [
                 {"name": name, "datatype": datatype, "shape": [-1, *dims]}
@@ -177,12 +185,12 @@ class ServedModel(abc.ABC):
         As in config.pbtxt, ``dims`` leave out the batch dimension.
         """
 
-        def tensor(name: str, data_type: str, dims: tuple[int, ...]) -> dict:
+        def tensor(t: Tensor) -> dict:
             return {
-                "name": name,
-                "data_type": data_type,
+                "name": t.name,
+                "data_type": t.config_type,
                 "format": "FORMAT_NONE",
-                "dims": list(dims),
+                "dims": list(t.dims),
                 "is_shape_tensor": False,
             }
 
@@ -192,11 +200,8 @@ class ServedModel(abc.ABC):
             "backend": self.backend,
             "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": max_batch,
-            "input": [tensor(self.input, self.config_type, self.input_dims)],
-            "output": [
-                tensor(name, TYPE_NAMES[datatype], dims)
-                for name, datatype, dims in self.output_specs()
-            ],
+            "input": [tensor(self.taken)],
+            "output": [tensor(t) for t in self.signature.outputs],
             "dynamic_batching": {"max_queue_delay_microseconds": round(max_wait_s * 1e6)},
             "instance_group": [{"name": self.name, "kind": "KIND_CPU", "count": 1}],
             "model_transaction_policy": {"decoupled": False},
@@ -208,12 +213,7 @@ class ClassifierModel(ServedModel):
     """The image classifier: PIXELS UINT8 [-1, 3, 224, 224] → LOGITS FP32 [-1, 1000]."""
 
     name = classification.CLASSIFIER
-    input = classification.PIXELS
-    datatype = "UINT8"
-    config_type = "TYPE_UINT8"
-    input_dims = INPUT_DIMS
-    output = classification.LOGITS
-    output_dims = OUTPUT_DIMS
+    signature = classification.SIGNATURES[classification.CLASSIFIER]
     max_batch = 32
     default_path = DEFAULT_MODEL
     platform = "onnxruntime_onnx"
@@ -266,7 +266,7 @@ class ClassifierModel(ServedModel):
 
     def warmup_input(self) -> np.ndarray:
         """One black image."""
-        return np.zeros((1, *INPUT_DIMS), np.uint8)
+        return np.zeros((1, *self.taken.dims), np.uint8)
 
 
 def _json_leaves(name: str, data: object, shape: tuple[int, ...]) -> list:
@@ -326,12 +326,7 @@ class EmbedModel(ServedModel):
     """
 
     name = EMBED_MODEL_NAME
-    input = embedding.TEXT
-    datatype = "BYTES"
-    config_type = "TYPE_STRING"
-    input_dims = (1,)
-    output = embedding.EMBEDDING
-    output_dims = (embedding.HIDDEN_SIZE,)
+    signature = embedding.SIGNATURES[embedding.ENSEMBLE]
     max_batch = 64
     default_path = DEFAULT_EMBED_MODEL
     # Tokenizer and pooling in Python around onnxruntime: a Python-backend model in Triton.
@@ -395,12 +390,7 @@ class ClassifyModel(ServedModel):
     """
 
     name = classification.ENSEMBLE
-    input = classification.IMAGE
-    datatype = "BYTES"
-    config_type = "TYPE_STRING"
-    input_dims = (1,)
-    output = classification.CLASS_IDS
-    output_dims = (classification.DEFAULT_TOP_K,)
+    signature = classification.SIGNATURES[classification.ENSEMBLE]
     max_batch = 32
     default_path = DEFAULT_MODEL
     platform = "python"
@@ -439,15 +429,6 @@ class ClassifyModel(ServedModel):
         from export import samples
 
         return [samples.photo_bytes(samples.PHOTOS[0])]
-
-    def output_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """LABELS, SCORES and CLASS_IDS, as the classify ensemble answers them."""
-        k = (classification.DEFAULT_TOP_K,)
-        return [
-            (classification.LABELS, "BYTES", k),
-            (classification.SCORES, "FP32", k),
-            (classification.CLASS_IDS, "INT32", k),
-        ]
 
     def output_tensors(self, result: np.ndarray) -> list[tuple[str, str, np.ndarray]]:
         """The three outputs of a request's records; labels looked up from the ids."""

@@ -88,8 +88,10 @@ def decode_request(
         raise InferenceRequestError(f"expected exactly one input '{name}', got {names}")
     tensor = inputs[0]
     datatype = _field(tensor, "datatype", str, f"input {name}")
-    if datatype != model.datatype:
-        raise InferenceRequestError(f"{name} must have datatype {model.datatype}, got {datatype}")
+    if datatype != model.taken.datatype:
+        raise InferenceRequestError(
+            f"{name} must have datatype {model.taken.datatype}, got {datatype}"
+        )
     shape = model.check_shape(_field(tensor, "shape", list, f"input {name}"), max_batch)
     parameters = _field(tensor, "parameters", dict, f"input {name}", default={})
     if "binary_data_size" in parameters:
