@@ -36,7 +36,8 @@ import tritonclient.http as httpclient
 
 from bench.harness import affinity, compare, inputs, variants
 from bench.harness import perf_analyzer as pa
-from gateway.nginx import Nginx, OpenAI
+from gateway.nginx.config import OpenAI
+from gateway.nginx.process import Nginx
 from paths import MODEL_REPOSITORY
 from pipelines import embedding
 from server import Server, ServerConfig

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from containers import tools
 from gateway import shaping
-from gateway.nginx import LIMITS
 from paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -46,7 +45,7 @@ def state_environment(folder: Path) -> dict[str, str]:
     if not env_file.exists():
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o700)
-        (folder / "limits.toml").write_text(shaping.with_secret_keys(LIMITS.read_text()))
+        (folder / "limits.toml").write_text(shaping.with_secret_keys(shaping.LIMITS.read_text()))
         env_file.write_text(
             f"REDIS_PASSWORD={secrets.token_hex(16)}\n"
             f"GRAFANA_ADMIN_PASSWORD={secrets.token_hex(16)}\n"

@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.nginx import Nginx, OpenAI, find_js_module, find_nginx
+from gateway.nginx.config import OpenAI, find_js_module, find_nginx
+from gateway.nginx.process import Nginx
 from gateway.shaping import load_limits
 from pipelines import embedding
 from server import serve

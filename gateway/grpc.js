@@ -8,7 +8,7 @@
 //   @grpc_infer   a served model's ModelInfer: the tenant's and the model's buckets, then Triton
 //   @grpc_model   a served model's readiness or metadata: straight to Triton
 //   @grpc_refused anything else, with $grpc_refusal_status and $grpc_refusal_message
-// gateway/nginx.py renders the locations and sets $grpc_models (the served models,
+// gateway/nginx/nginx.conf.j2 holds the locations and sets $grpc_models (the served models,
 // space-separated).
 
 import fs from 'fs';

@@ -1,6 +1,6 @@
 """Prometheus counters of nginx's traffic shaping, read from its shaping log.
 
-nginx (rendered with ``--limits``, see ``gateway/nginx.py``) writes one JSON line per inference
+nginx (rendered with ``--limits``, see ``gateway/nginx/``) writes one JSON line per inference
 request it shapes: tenant, model, protocol, ``$limit_req_status`` (``PASSED`` or
 ``REJECTED``) and the request's times. Open-source nginx keeps no counters of its own for
 ``limit_req`` and no latency histograms, so this exporter follows that file and serves, on
@@ -33,7 +33,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from gateway import shaping
-from gateway.nginx import SERVED
+from gateway.nginx.config import SERVED
 from pipelines import embedding
 
 __all__ = ["ShapingLogExporter", "ShapingMetrics", "count_line"]

@@ -1,7 +1,7 @@
 """Traffic shaping at the gateway: token buckets per tenant and per model, from one TOML file.
 
 ``docker/nginx/limits.toml`` sets a rate and a capacity for every tenant and every model. nginx
-enforces it with ``limit_req`` (``gateway/nginx.py`` renders the zones); this module reads and
+enforces it with ``limit_req`` (``gateway/nginx/`` renders the zones); this module reads and
 checks the file and names the counter that ``gateway/metrics.py`` keeps of nginx's decisions.
 
 A bucket holds at most ``capacity`` tokens and gains ``rate`` tokens a second; it starts full.
@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from paths import REPO_ROOT
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (the NGC container): the same parser from PyPI
@@ -35,6 +37,7 @@ __all__ = [
     "ANONYMOUS",
     "DURATION_BUCKETS",
     "DURATION_METRIC",
+    "LIMITS",
     "METRIC",
     "UPSTREAM_METRIC",
     "Limit",
@@ -43,6 +46,8 @@ __all__ = [
     "retry_after_s",
 ]
 
+# The repository's limits file (with placeholder keys); deployments mount one of their own.
+LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
 ANONYMOUS = "anonymous"
 DEFAULT_HEADER = "X-Api-Key"
 # The Prometheus counter of nginx's shaping (gateway/metrics.py): requests by gateway, tenant,

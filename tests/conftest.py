@@ -29,7 +29,7 @@ def _only_integration_tests_start_tritonserver(request, monkeypatch):
 @pytest.fixture(scope="session")
 def nginx_binary() -> str:
     """Debian's nginx with its njs module (every rendered gateway config loads it)."""
-    from gateway.nginx import find_js_module, find_nginx
+    from gateway.nginx.config import find_js_module, find_nginx
 
     try:
         find_js_module()

@@ -190,7 +190,7 @@ def limits_with_secret_keys(path: Path) -> Path:
     A gateway refuses the committed placeholders; a deployment puts its own keys in a copy.
     """
     from gateway import shaping
-    from gateway.nginx import LIMITS
+    from gateway.shaping import LIMITS
 
     path.write_text(shaping.with_secret_keys(LIMITS.read_text()))
     return path

@@ -21,7 +21,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from client.classify import ClassifyClient
 from gateway import shaping
-from gateway.nginx import OVERLOADED, Nginx
+from gateway.nginx.config import OVERLOADED
+from gateway.nginx.process import Nginx
 from pipelines import classification, embedding
 from tests.helpers import CAT_CLASSES
 

@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry
 from client.embed import EmbedClient
 from gateway import shaping
 from gateway.metrics import ShapingMetrics, count_line
-from gateway.nginx import Nginx, OpenAI
+from gateway.nginx.config import OpenAI
+from gateway.nginx.process import Nginx
 from pipelines import embedding, tokenization
 from server import Server, ServerConfig
 from tests.helpers import batched_in_some_burst, encoder_alone

@@ -48,7 +48,7 @@ from tritonclient.utils import InferenceServerException
 from client.embed import build_inputs
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
-from gateway.nginx import Nginx
+from gateway.nginx.process import Nginx
 from pipelines import embedding
 from server import Server, ServerConfig
 

@@ -21,7 +21,15 @@ from tritonclient.utils import InferenceServerException
 from client import connection
 from client.embed import build_inputs
 from client.router import Router, is_retryable
-from gateway.nginx import USER_ID_HEADER, Nginx, check_config, render
+from gateway.nginx.config import (
+    USER_ID_HEADER,
+    Gateway,
+    Listen,
+    Upstreams,
+    check_config,
+    render,
+)
+from gateway.nginx.process import Nginx
 from pipelines import embedding
 from server import Server, ServerConfig
 
@@ -347,9 +355,10 @@ def test_failover_and_rejoin_under_load(cluster, protocol, victim, how):
 
 # (d) nginx in front -------------------------------------------------------------------------
 def test_rendered_nginx_config_passes_nginx_t(nginx_binary):
-    text = render(
-        ["127.0.0.1:9000", "127.0.0.1:9010"], ["127.0.0.1:9001", "127.0.0.1:9011"], 18000, 18001
+    upstreams = Upstreams(
+        http=("127.0.0.1:9000", "127.0.0.1:9010"), grpc=("127.0.0.1:9001", "127.0.0.1:9011")
     )
+    text = render(Gateway(upstreams, Listen(18000, 18001)))
     check_config(text, nginx_binary)
     for needed in (
         "server 127.0.0.1:9000 max_fails=1",

@@ -232,7 +232,7 @@ LAYERS = {"model": "tokenize_encode", "version": "1"}
 @pytest.fixture(scope="module")
 def replicas(encoder_onnx):
     """A Redis, two tritonservers (embed only) sharing it, and nginx in front of both."""
-    from gateway.nginx import Nginx
+    from gateway.nginx.process import Nginx
     from server import Server, ServerConfig
 
     with contextlib.ExitStack() as stack:

@@ -19,25 +19,38 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway import nginx as gw
-from gateway.shaping import load_limits
+from gateway.nginx.config import (
+    SCRIPTS,
+    SCRIPTS_DIR,
+    Gateway,
+    Listen,
+    OpenAI,
+    Runtime,
+    Shaping,
+    Upstreams,
+    check_config,
+    find_js_module,
+    render,
+)
+from gateway.shaping import LIMITS, load_limits
 from pipelines import embedding
 from tests.helpers import REPO, limits_with_secret_keys
 
-UPSTREAMS = (["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001)
+UPSTREAMS = Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
+LISTEN = Listen(18000, 18001)
 IMAGE_MODULE = "/etc/nginx/modules/ngx_http_js_module.so"
 
 
 @pytest.mark.parametrize("shaped", [False, True], ids=["plain", "shaped"])
 def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
-    limits = load_limits(gw.LIMITS, placeholders=True) if shaped else None
-    text = gw.render(*UPSTREAMS, limits=limits, openai=gw.OpenAI())
-    gw.check_config(text, nginx_binary)
+    shaping = Shaping(load_limits(LIMITS, placeholders=True)) if shaped else None
+    text = render(Gateway(UPSTREAMS, LISTEN, shaping=shaping, openai=OpenAI()))
+    check_config(text, nginx_binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
     assert f'set $openai_models "{" ".join(embedding.OPENAI_MODELS)}";' in text
     # The embedding's size comes from pipelines/embedding.py: the script does not retype it.
     assert f"set $openai_dimensions {embedding.HIDDEN_SIZE};" in text
-    assert not re.search(rf"\b{embedding.HIDDEN_SIZE}\b", gw.OPENAI_SCRIPT.read_text())
+    assert not re.search(rf"\b{embedding.HIDDEN_SIZE}\b", (SCRIPTS_DIR / "openai.js").read_text())
     for model, ensemble in embedding.OPENAI_MODELS.items():
         assert f"{model} {ensemble};" in text
     # Shaped, the OpenAI call takes the tenant's and the model's tokens before its body is
@@ -54,21 +67,23 @@ def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
     assert ("set $openai_shaping 1;" in text) == shaped
 
 
-@pytest.mark.parametrize("script", gw.SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(nginx_binary, tmp_path, script):
-    for name in gw.SCRIPTS:
-        shutil.copy(gw.OPENAI_SCRIPT.with_name(name), tmp_path / name)
-    good = gw.render(*UPSTREAMS, openai=gw.OpenAI(), js_dir=str(tmp_path))
-    gw.check_config(good, nginx_binary)
+    for name in SCRIPTS:
+        shutil.copy(SCRIPTS_DIR / name, tmp_path / name)
+    runtime = Runtime(js_dir=str(tmp_path))
+    good = render(Gateway(UPSTREAMS, LISTEN, runtime=runtime, openai=OpenAI()))
+    check_config(good, nginx_binary)
     broken = (tmp_path / script).read_text().replace("function ", "function (", 1)
     (tmp_path / script).write_text(broken)
     with pytest.raises(ValueError, match="SyntaxError"):
-        gw.check_config(good, nginx_binary)
+        check_config(good, nginx_binary)
 
 
 def test_without_openai_there_is_no_openai_api(nginx_binary):
-    text = gw.render(*UPSTREAMS, limits=load_limits(gw.LIMITS, placeholders=True))
-    gw.check_config(text, nginx_binary)
+    shaping = Shaping(load_limits(LIMITS, placeholders=True))
+    text = render(Gateway(UPSTREAMS, LISTEN, shaping=shaping))
+    check_config(text, nginx_binary)
     assert "js_import grpc from grpc.js;" in text  # gRPC's model routing, always
     assert "js_import openai" not in text and "/v1/" not in text
 
@@ -104,7 +119,7 @@ def run_render(
     here = {  # in this order: /gateway is also part of the limits' path
         "/etc/gateway/limits.toml": str(limits),
         "/gateway": str(out),
-        IMAGE_MODULE: gw.find_js_module(),
+        IMAGE_MODULE: find_js_module(),
         # This environment's Python; `-m` imports from the working directory: the copy.
         "python3 ": f"{shlex.quote(sys.executable)} ",
         # The image's nginx user; this machine's nginx -t runs as whoever runs the tests.
@@ -119,11 +134,11 @@ def run_render(
     if done.returncode != 0:
         return done
     text = (out / "nginx.conf").read_text()
-    for script in gw.SCRIPTS:
-        assert (out / script).read_text() == gw.OPENAI_SCRIPT.with_name(script).read_text()
+    for script in SCRIPTS:
+        assert (out / script).read_text() == (SCRIPTS_DIR / script).read_text()
     assert f'js_path "{out}";' in text
     assert "limit_req zone=tenant_team-a" in text  # the limits file was read
-    gw.check_config(text, binary)
+    check_config(text, binary)
     return done
 
 
@@ -163,7 +178,7 @@ def test_the_deployments_gateway_renders_from_the_image_alone(nginx_binary, tmp_
 def test_the_deployments_gateway_refuses_the_placeholder_keys_and_no_limits(
     nginx_binary, tmp_path, where
 ):
-    done = run_render(RENDERS[where](), tmp_path / "committed", nginx_binary, limits=gw.LIMITS)
+    done = run_render(RENDERS[where](), tmp_path / "committed", nginx_binary, limits=LIMITS)
     assert done.returncode != 0 and "is the committed placeholder" in done.stderr
     done = run_render(RENDERS[where](), tmp_path / "none", nginx_binary, limits=tmp_path / "absent")
     assert done.returncode != 0 and "absent" in done.stderr

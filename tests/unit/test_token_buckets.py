@@ -12,7 +12,8 @@ from prometheus_client import generate_latest
 
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
-from gateway.nginx import LIMITS, check_config, render
+from gateway.nginx.config import Gateway, Listen, Shaping, Upstreams, check_config, render
+from gateway.shaping import LIMITS
 from tests.helpers import limits_with_secret_keys
 
 SECTIONS = {
@@ -70,9 +71,17 @@ def test_a_key_given_to_two_tenants_is_refused():
 
 
 # nginx's config -------------------------------------------------------------------------------
+def config(limits: shaping.Limits | None) -> Gateway:
+    """One server behind the gateway, shaped by ``limits`` (None: not shaped)."""
+    return Gateway(
+        Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",)),
+        Listen(18000, 18001),
+        shaping=None if limits is None else Shaping(limits),
+    )
+
+
 def test_rendered_limits_are_nginx_buckets_with_capacity_minus_one_burst():
-    limits = shaping.parse_limits(SECTIONS)
-    text = render(["h:1"], ["h:2"], 8000, 8001, limits=limits)
+    text = render(config(shaping.parse_limits(SECTIONS)))
     assert "limit_req_zone $shaping_tenant_1 zone=tenant_a:1m rate=2r/s;" in text
     assert "zone=tenant_b:1m rate=30r/m;" in text  # 0.5/s
     assert "limit_req zone=tenant_b nodelay;" in text  # capacity 1: no burst
@@ -80,16 +89,14 @@ def test_rendered_limits_are_nginx_buckets_with_capacity_minus_one_burst():
     assert "limit_req zone=model_embed burst=2 nodelay;" in text
     assert r'"~^key\\x2dof\\x2da\\x2d2$" a;' in text  # exactly, not ignoring case
     assert '"b embed" 2;' in text  # Retry-After: the slower of the two buckets
-    assert render(["h:1"], ["h:2"], 8000, 8001).count("limit_req") == 0
+    assert render(config(None)).count("limit_req") == 0
 
 
 def test_the_rendered_shaping_config_passes_nginx_t(nginx_binary):
     limits = shaping.load_limits(LIMITS, placeholders=True)
-    check_config(
-        render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits), nginx_binary
-    )
+    check_config(render(config(limits)), nginx_binary)
     # And nginx -t is a check that fails: a zone used twice with different rates.
-    broken = render(["127.0.0.1:9"], ["127.0.0.1:10"], 18000, 18001, limits=limits)
+    broken = render(config(limits))
     broken = broken.replace(
         "limit_req_status 429;", "limit_req_zone $tenant zone=tenant_team-a:1m rate=1r/s;"
     )

@@ -1,0 +1,134 @@
+r"""``python -m gateway.nginx render``: print the gateway's nginx config for the given servers.
+
+    python -m gateway.nginx render --http triton-0:8000 --http triton-1:8000 \
+        --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
+        --limits docker/nginx/limits.toml > nginx.conf
+
+The deployments (docker/docker-compose.yml, docker/kubernetes/gateway.yaml) render theirs so,
+inside the image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.nginx.config import (
+    JS_MODULES,
+    SCRIPTS,
+    SCRIPTS_DIR,
+    SHAPING_LOG,
+    Clients,
+    Gateway,
+    Listen,
+    OpenAI,
+    Runtime,
+    Shaping,
+    Upstreams,
+    check_config,
+    operator_network,
+    render,
+)
+from gateway.shaping import LIMITS, load_limits
+from paths import REPO_ROOT
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line of ``python -m gateway.nginx``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.nginx",
+        description="Render the nginx config that shards HTTP and gRPC over tritonservers.",
+        epilog="example: python -m gateway.nginx render --http triton-0:8000 --http triton-1:8000 "
+        "--grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 > nginx.conf",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("render", help="print the config to stdout")
+    r.add_argument("--http", action="append", required=True, help="a server's HTTP host:port")
+    r.add_argument("--grpc", action="append", required=True, help="a server's gRPC host:port")
+    r.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    r.add_argument("--http-port", type=int, default=8000)
+    r.add_argument("--grpc-port", type=int, default=8001)
+    r.add_argument("--workers", default="auto", help="worker processes (default: one per core)")
+    r.add_argument(
+        "--conns-per-client",
+        type=int,
+        default=64,
+        help="requests at once from one client address (default 64; HTTP/2 streams count)",
+    )
+    r.add_argument("--max-body", default="64m", help="client_max_body_size (default 64m)")
+    r.add_argument("--user", help="the user directive, for nginx started as root")
+    r.add_argument(
+        "--limits",
+        type=Path,
+        help=f"token buckets per tenant and model (e.g. {LIMITS.relative_to(REPO_ROOT)}); "
+        "default: no shaping",
+    )
+    r.add_argument(
+        "--check", action="store_true", help="also run `nginx -t` on it (needs nginx here)"
+    )
+    r.add_argument(
+        "--openai",
+        action="store_true",
+        help="serve OpenAI's embeddings API too (/v1/embeddings, /v1/models)",
+    )
+    r.add_argument(
+        "--js-module",
+        help="path of nginx's njs module where nginx runs (default: found here, e.g. "
+        f"{JS_MODULES[0]}; the nginx image has {JS_MODULES[1]})",
+    )
+    r.add_argument(
+        "--js-dir",
+        default=str(SCRIPTS_DIR),
+        help=f"the folder where nginx finds {' and '.join(SCRIPTS)} (default: this checkout's)",
+    )
+    r.add_argument(
+        "--operator",
+        action="append",
+        type=operator_network,
+        default=[],
+        metavar="ADDRESS",
+        help="a client address or CIDR block that may read model configs and statistics "
+        "(perf_analyzer needs both; repeatable); default: nobody",
+    )
+    r.add_argument(
+        "--shaping-log",
+        default=SHAPING_LOG,
+        help=f"where nginx writes a JSON line per shaped request (default {SHAPING_LOG})",
+    )
+    return parser.parse_args(argv)
+
+
+def gateway(args: argparse.Namespace) -> Gateway:
+    """The config's context from the command line (reads the limits file)."""
+    return Gateway(
+        Upstreams(tuple(args.http), tuple(args.grpc)),
+        Listen(args.http_port, args.grpc_port, args.host),
+        Clients(
+            max_body=args.max_body,
+            conns_per_client=args.conns_per_client,
+            operators=tuple(args.operator),
+        ),
+        Runtime(args.workers, args.user, args.js_module, args.js_dir),
+        shaping=Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
+        openai=OpenAI() if args.openai else None,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the config; with ``--check``, exit 1 if ``nginx -t`` refuses it."""
+    args = parse_args(argv)
+    text = render(gateway(args))
+    if args.check:
+        try:
+            check_config(text)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""The gateway's nginx config: a small typed context, rendered by ``nginx.conf.j2`` beside it.
+
+``render(Gateway(...))`` is the whole config. The context holds values, each computed here
+(bucket rates, exact-match patterns, Retry-After per tenant and model); the template holds
+the layout. ``check_config`` runs ``nginx -t`` on a rendered config.
+
+    config = Gateway(
+        Upstreams(http=("triton-0:8000", "triton-1:8000"), grpc=("triton-0:8001", "triton-1:8001")),
+        Listen(http_port=8000, grpc_port=8001, host="0.0.0.0"),
+        shaping=Shaping(load_limits("docker/nginx/limits.toml")),
+        openai=OpenAI(),
+    )
+    text = render(config)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import jinja2
+
+from gateway.shaping import ANONYMOUS, Limit, Limits
+from pipelines import classification, embedding
+
+__all__ = [
+    "OVERLOADED",
+    "SCRIPTS",
+    "SCRIPTS_DIR",
+    "SERVED",
+    "SHAPING_LOG",
+    "USER_ID_HEADER",
+    "Clients",
+    "Gateway",
+    "Listen",
+    "OpenAI",
+    "Runtime",
+    "Shaping",
+    "Upstreams",
+    "check_config",
+    "find_js_module",
+    "find_nginx",
+    "render",
+]
+
+# Beside this module: the container image holds gateway/, not docker/ (.dockerignore).
+TEMPLATE = Path(__file__).with_name("nginx.conf.j2")
+# The scripts nginx runs (njs), in gateway/ where the deployments copy them from: gRPC routing
+# always, OpenAI's API with ``openai``.
+SCRIPTS_DIR = Path(__file__).parents[1]
+SCRIPTS = ("grpc.js", "openai.js")
+# One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
+SHAPING_LOG = "logs/shaping.log"
+# The models clients may call through the gateway; the others are their steps.
+SERVED = (*classification.SERVED, *embedding.SERVED)
+# Inference over HTTP (the model is in the path); gRPC's is in the body (gateway/grpc.js).
+HTTP_INFER = r"^/v2/models/(?<model_name>" + "|".join(SERVED) + r")(/versions/[0-9]+)?/infer$"
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Where gateway/openai.js counts an OpenAI call in the buckets (shape, before it parses the
+# body) and sends its Triton requests (infer), by OpenAI model id.
+OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/(shape|infer)$"
+OVERLOADED = "too many requests at once from this address: retry after 1 s"
+# When no server behind the gateway answers (all down, restarting, or too slow to connect).
+UNAVAILABLE = "no inference server answered the gateway: retry after 1 s"
+OPERATOR_ONLY = (
+    "not served through the gateway: an operator reaches it on Triton directly, with the admin key"
+)
+UNKNOWN_MODEL = f"unknown model: this gateway serves {', '.join(SERVED)}"
+USER_ID_HEADER = "X-User-Id"
+INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends nginx (Debian 12's nginx 1.22; `make tools`), "
+    "or set $NGINX to an nginx binary"
+)
+# Where the njs module is: Debian's libnginx-mod-http-js, then the official nginx image's.
+JS_MODULES = (
+    "/usr/lib/nginx/modules/ngx_http_js_module.so",
+    "/etc/nginx/modules/ngx_http_js_module.so",
+)
+JS_INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends libnginx-mod-http-js (njs 0.7.9 for Debian 12's "
+    "nginx; `make tools`), or give the module's path"
+)
+
+
+def find_nginx() -> str:
+    """Path of the nginx binary: ``$NGINX``, PATH, then Debian's ``/usr/sbin/nginx``.
+
+    Raises:
+        FileNotFoundError: no nginx; the message says how to install it.
+    """
+    for candidate in (os.environ.get("NGINX"), shutil.which("nginx"), "/usr/sbin/nginx"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise FileNotFoundError(f"nginx not found: {INSTALL_HINT}")
+
+
+def find_js_module() -> str:
+    """Path of nginx's njs module (``$NGINX_JS_MODULE``, then the known places).
+
+    Raises:
+        FileNotFoundError: no njs module; the message says how to install it.
+    """
+    for candidate in (os.environ.get("NGINX_JS_MODULE"), *JS_MODULES):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise FileNotFoundError(f"nginx's njs module not found: {JS_INSTALL_HINT}")
+
+
+def operator_network(address: str) -> str:
+    """An address or CIDR block for ``allow``, checked (nothing else reaches the config).
+
+    Raises:
+        ValueError: not an IPv4 or IPv6 address or network.
+    """
+    return str(ipaddress.ip_network(address, strict=False))
+
+
+@dataclass(frozen=True)
+class Upstreams:
+    """The tritonservers behind the gateway (``host:port`` each), and when nginx skips one.
+
+    Both upstreams are hashed by the ``X-User-Id`` header with consistent hashing, and a request
+    that fails on one server is retried on the next.
+
+    Attributes:
+        http: the servers' HTTP endpoints.
+        grpc: the servers' gRPC endpoints (HTTP/2 cleartext, ``grpc_pass grpc://``).
+        max_fails: failures that take a server out of rotation for ``fail_timeout``.
+        fail_timeout: how long a failed server stays out before nginx tries it again.
+    """
+
+    http: tuple[str, ...]
+    grpc: tuple[str, ...]
+    max_fails: int = 1
+    fail_timeout: str = "2s"
+
+    def __post_init__(self) -> None:
+        if not self.http or not self.grpc:
+            raise ValueError("an upstream needs at least one server")
+
+    @property
+    def tries(self) -> int:
+        """Every server once at most: more tries would only come back to a failed one."""
+        return max(len(self.http), len(self.grpc))
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where nginx listens: HTTP (the served part of ``/v2/...``) and gRPC (HTTP/2 cleartext)."""
+
+    http_port: int
+    grpc_port: int
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Clients:
+    """What clients may hold of the gateway, and which of them may read what operators read.
+
+    Attributes:
+        max_body: ``client_max_body_size`` of an inference request.
+        conns_per_client: requests at once from one client address (HTTP/2 streams count).
+        conns: requests at once on each listener, from every client together.
+        timeout: how long a client may send nothing (headers, body) or read nothing.
+        operators: client addresses or CIDR blocks that may read model configs and statistics
+            (perf_analyzer needs both); everyone else gets 403 / PERMISSION_DENIED.
+    """
+
+    max_body: str = "64m"
+    conns_per_client: int = 64
+    conns: int = 1024
+    timeout: str = "10s"
+    operators: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """The operators as ``allow`` takes them (``operator_network``)."""
+        return tuple(operator_network(address) for address in self.operators)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How nginx itself runs: its workers, its user, and where it finds njs and the scripts.
+
+    Attributes:
+        workers: nginx worker processes (``auto``: one per core).
+        user: the ``user`` directive (only meaningful when nginx starts as root); None: none.
+        js_module: nginx's njs module where nginx runs; None: the one found here.
+        js_dir: the folder holding the scripts (``SCRIPTS``), as nginx will see it.
+    """
+
+    workers: int | str = "auto"
+    user: str | None = None
+    js_module: str | None = None
+    js_dir: str = str(SCRIPTS_DIR)
+
+    @property
+    def load_module(self) -> str:
+        """The njs module that nginx loads (``find_js_module`` when none is given)."""
+        return self.js_module or find_js_module()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One token bucket as nginx holds it: a ``limit_req`` zone of its own.
+
+    The zone's key is non-empty only for its own tenant (model), so the zone holds one bucket;
+    limit_req does not count requests with an empty key.
+
+    Attributes:
+        kind: ``tenant`` or ``model``.
+        index: its place among the buckets of its kind (names its key variable).
+        name: the tenant's (model's) name.
+        limit: its rate and capacity.
+    """
+
+    kind: str
+    index: int
+    name: str
+    limit: Limit
+
+    @property
+    def variable(self) -> str:
+        """The nginx variable that names a request's tenant (model)."""
+        return "$tenant" if self.kind == "tenant" else "$triton_model"
+
+    @property
+    def key(self) -> str:
+        """The zone's key: 1 for this bucket's requests, empty for the others."""
+        return f"$shaping_{self.kind}_{self.index}"
+
+    @property
+    def zone(self) -> str:
+        """The ``limit_req_zone`` name."""
+        return f"{self.kind}_{self.name}"
+
+    @property
+    def rate(self) -> str:
+        """The rate as nginx takes it: whole requests per second, else per minute."""
+        if float(self.limit.rate).is_integer():
+            return f"{int(self.limit.rate)}r/s"
+        return f"{max(1, round(self.limit.rate * 60))}r/m"
+
+    @property
+    def burst(self) -> int:
+        """The ``burst`` nginx takes: the excess over the one request a bucket always admits."""
+        return self.limit.capacity - 1
+
+
+def exact(key: str) -> str:
+    r"""A map source regex that matches ``key`` exactly: nginx compares plain strings ignoring case.
+
+    Every character but letters and digits as a PCRE ``\xHH`` escape, so that none is special
+    to PCRE or to nginx's quoting (shaping.KEY already keeps quotes and backslashes out).
+    """
+    body = "".join(c if c.isascii() and c.isalnum() else f"\\\\x{ord(c):02x}" for c in key)
+    return f"~^{body}$"
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """Token buckets per tenant and per model (``gateway.shaping`` explains the limits file).
+
+    A request over its tenant's or its model's rate gets HTTP 429 with ``Retry-After`` (gRPC
+    ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata), and every shaped request is a JSON
+    line in the shaping log, which ``python -m gateway.metrics`` turns into Prometheus counters.
+
+    Attributes:
+        limits: the buckets, and the header that carries a tenant's API key.
+        log: where nginx writes a JSON line per shaped request (relative paths are under nginx's
+            prefix).
+    """
+
+    limits: Limits
+    log: str = SHAPING_LOG
+
+    @property
+    def header_variable(self) -> str:
+        """The nginx variable of the API key's header."""
+        return "$http_" + self.limits.header.lower().replace("-", "_")
+
+    @property
+    def tenant_keys(self) -> list[tuple[str, str]]:
+        """(exact pattern of an API key, its tenant), for every key."""
+        return [(exact(key), tenant) for key, tenant in self.limits.keys.items()]
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """Every tenant's bucket, then every model's."""
+        return [
+            *(Bucket("tenant", i, *item) for i, item in enumerate(self.limits.tenants.items())),
+            *(Bucket("model", i, *item) for i, item in enumerate(self.limits.models.items())),
+        ]
+
+    @property
+    def retry_after(self) -> list[tuple[str, int]]:
+        """(``$retry_after`` source, seconds until both of a request's buckets gain a token).
+
+        A source is "tenant model", or a tenant's regex for the models without a bucket.
+        """
+        rows = []
+        for tenant, limit in self.limits.tenants.items():
+            for model, model_limit in self.limits.models.items():
+                rows.append((f"{tenant} {model}", max(limit.retry_after, model_limit.retry_after)))
+            rows.append((f"~^{tenant} ", limit.retry_after))
+        return rows
+
+
+@dataclass(frozen=True)
+class OpenAI:
+    """OpenAI's embeddings API at the gateway (gateway/openai.js), and what it serves.
+
+    Attributes:
+        models: OpenAI model id → the Triton ensemble it calls (one that answers TOKENS).
+        max_inputs: the most texts one call may carry (more: 413).
+        chunk: texts per Triton request (the ensembles' max_batch_size).
+        dimensions: the floats of one embedding, which the script checks every answer against.
+        max_body: ``client_max_body_size`` of the API, held in memory whole for the script:
+            4 MiB is 2048 texts of 2 KiB, over the 256 word pieces the model reads of each
+            (OpenAI's own API takes at most 300,000 tokens a call, about 1.2 MB of English).
+    """
+
+    models: tuple[tuple[str, str], ...] = tuple(embedding.OPENAI_MODELS.items())
+    max_inputs: int = embedding.MAX_OPENAI_INPUTS
+    chunk: int = embedding.MAX_TEXTS
+    dimensions: int = embedding.HIDDEN_SIZE
+    max_body: str = "4m"
+
+    @property
+    def ids(self) -> str:
+        """The OpenAI model ids, as the script reads them (space-separated)."""
+        return " ".join(model for model, _ in self.models)
+
+    @property
+    def too_large(self) -> str:
+        """OpenAI's error body for a call over ``max_body``."""
+        return json.dumps(
+            {
+                "error": {
+                    "message": f"request body too large: at most {self.max_body}",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "request_too_large",
+                }
+            }
+        )
+
+    @property
+    def internal(self) -> str:
+        """The script's own locations (``shape``, ``infer`` follow), by OpenAI model id."""
+        return OPENAI_INFER.replace("model_name", "openai_id").replace("(shape|infer)$", "")
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Everything the nginx config is rendered from.
+
+    Attributes:
+        upstreams: the servers behind the gateway.
+        listen: where nginx listens.
+        clients: what clients may hold, and the operators' addresses.
+        runtime: nginx's workers, user, njs module and scripts.
+        shaping: token buckets per tenant and model; None: no shaping.
+        openai: serve OpenAI's embeddings API (/v1/embeddings, /v1/models) too; None: not.
+    """
+
+    upstreams: Upstreams
+    listen: Listen
+    clients: Clients = Clients()
+    runtime: Runtime = Runtime()
+    shaping: Shaping | None = None
+    openai: OpenAI | None = None
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATE.parent),
+    autoescape=False,  # nginx's syntax, not HTML
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_TEMPLATES.globals.update(
+    ANONYMOUS=ANONYMOUS,
+    SERVED=SERVED,
+    HTTP_INFER=HTTP_INFER,
+    GRPC_INFER=GRPC_INFER,
+    OPENAI_INFER=OPENAI_INFER,
+    OVERLOADED=OVERLOADED,
+    UNAVAILABLE=UNAVAILABLE,
+    OPERATOR_ONLY=OPERATOR_ONLY,
+    UNKNOWN_MODEL=UNKNOWN_MODEL,
+)
+
+
+def render(gateway: Gateway) -> str:
+    """The nginx config of this gateway.
+
+    Raises:
+        ValueError: an operator that is no address or network.
+    """
+    template = _TEMPLATES.get_template(TEMPLATE.name)
+    return template.render({f.name: getattr(gateway, f.name) for f in fields(gateway)})
+
+
+def check_config(text: str, nginx: str | None = None) -> None:
+    """Run ``nginx -t`` on a rendered config, in a throwaway prefix (nothing else is touched).
+
+    Raises:
+        ValueError: nginx refused the config; the message is what nginx said.
+        FileNotFoundError: no nginx binary.
+    """
+    binary = nginx or find_nginx()
+    with tempfile.TemporaryDirectory(prefix="nginx-check-") as prefix:
+        for folder in ("tmp", "logs"):
+            Path(prefix, folder).mkdir()
+        config = Path(prefix, "nginx.conf")
+        config.write_text(text)
+        done = subprocess.run(
+            [binary, "-t", "-p", f"{prefix}/", "-c", str(config), "-e", "stderr"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    if done.returncode != 0:
+        raise ValueError(f"nginx -t refused the config:\n{done.stderr.strip()}")
