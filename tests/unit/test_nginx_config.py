@@ -1,0 +1,76 @@
+"""The gateway's nginx config: every branch of its template renders a config nginx -t accepts.
+
+test_token_buckets and test_openai_gateway check the shaped and the OpenAI configs in detail;
+these are the variants they leave out, and what holds for every rendered config.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+
+import pytest
+
+from gateway import shaping
+from gateway.nginx.config import (
+    Clients,
+    Gateway,
+    Listen,
+    OpenAI,
+    Runtime,
+    Shaping,
+    Upstreams,
+    check_config,
+    render,
+)
+
+ONE = Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
+SEVERAL = Upstreams(("127.0.0.1:9", "127.0.0.1:11", "127.0.0.1:13"), ("127.0.0.1:10",))
+LISTEN = Listen(18000, 18001)
+# Everything the limits file allows that the committed one does not use: another header,
+# rates below one a second, keys of every allowed character, models without a bucket.
+ODD = shaping.parse_limits(
+    {
+        "header": "X-Tenant-Key",
+        "anonymous": {"rate": 0.3, "capacity": 1},
+        "tenants": {
+            "t_1": {"keys": ["Key.With~Odd!Chars#1", "k2k2k2k2/+=?"], "rate": 1 / 7, "capacity": 5},
+            "t-2": {"keys": ["k3k3k3k3"], "rate": 100.0, "capacity": 2},
+        },
+        "models": {"embed": {"rate": 2.5, "capacity": 7}},
+    }
+)
+VARIANTS = {
+    "plain": Gateway(ONE, LISTEN),
+    "operators-and-user": Gateway(
+        SEVERAL,
+        LISTEN,
+        Clients(operators=("127.0.0.1", "10.1.2.3/8", "::1")),
+        Runtime(user=pwd.getpwuid(os.geteuid()).pw_name),
+    ),
+    "odd-limits-openai": Gateway(SEVERAL, LISTEN, shaping=Shaping(ODD), openai=OpenAI()),
+    "anonymous-only": Gateway(
+        ONE,
+        LISTEN,
+        shaping=Shaping(shaping.parse_limits({"anonymous": {"rate": 3, "capacity": 3}})),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_each_variant_passes_nginx_t_and_leaves_no_gaps(nginx_binary, name):
+    text = render(VARIANTS[name])
+    check_config(text, nginx_binary)
+    # A section that is off leaves no line behind: no blank line opening a block, none doubled.
+    assert "{\n\n" not in text and "\n\n\n" not in text
+    assert all(line == line.rstrip() for line in text.splitlines())
+
+
+def test_operators_are_checked_addresses_and_every_server_is_tried_once():
+    text = render(VARIANTS["operators-and-user"])
+    assert text.count("            allow 10.0.0.0/8;\n") == 2  # HTTP's and gRPC's
+    assert "proxy_next_upstream_tries 3;" in text and "grpc_next_upstream_tries 3;" in text
+    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
+        render(Gateway(ONE, LISTEN, Clients(operators=("10.0.0.0/8; allow all",))))
+    with pytest.raises(ValueError, match="at least one server"):
+        Upstreams(("127.0.0.1:9",), ())
