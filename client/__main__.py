@@ -65,8 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "embed",
         help="sentence embeddings: texts as arguments (JSONL to stdout) or a JSONL file",
         description="Embeds texts with the embed ensemble. With --file, sends concurrent "
-        "batched requests (asyncio) and writes JSONL or .npy; texts over 256 word pieces are "
-        "truncated by the server, not refused.",
+        "batched requests (asyncio) and writes JSONL or .npy. A text over 256 word pieces is "
+        "refused by the server (naming it) unless --truncate asks to embed its first 256.",
+    )
+    emb.add_argument(
+        "--truncate", action="store_true", help="embed the first 256 word pieces of longer texts"
     )
     emb.add_argument("texts", nargs="*", help="texts to embed")
     emb.add_argument("--file", type=Path, help='JSONL input: a string or {"text": ...} per line')
@@ -109,7 +112,12 @@ def embed(args: argparse.Namespace) -> int:
             ) as c:
                 await c.check_ready()
                 return await embed_client.embed_many(
-                    c, texts, args.batch_size, args.concurrency, embed_client.Progress()
+                    c,
+                    texts,
+                    args.batch_size,
+                    args.concurrency,
+                    embed_client.Progress(),
+                    args.truncate,
                 )
 
         vectors = asyncio.run(run())
@@ -120,7 +128,7 @@ def embed(args: argparse.Namespace) -> int:
         raise connection.ClientError("give texts as arguments, or --file")
     with embed_client.EmbedClient(args.url, args.protocol, args.model, args.priority) as client:
         client.check_ready()
-        vectors = client.embed(args.texts)
+        vectors = client.embed(args.texts, args.truncate)
     for text, vector in zip(args.texts, vectors, strict=True):
         print(json.dumps({"text": text, "embedding": [round(float(x), 7) for x in vector]}))
     return 0

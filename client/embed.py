@@ -20,13 +20,21 @@ from client import connection
 from pipelines import embedding
 
 
-def build_inputs(mod, texts: Sequence[str | bytes]) -> list:
-    """One TEXT item per text (UTF-8 bytes), binary tensor data over HTTP."""
+def build_inputs(mod, texts: Sequence[str | bytes], truncate: bool = False) -> list:
+    """One TEXT item per text (UTF-8 bytes), binary tensor data over HTTP.
+
+    ``truncate``: a text over the model's word pieces is embedded from its first ones instead
+    of refused (the server refuses it by default, naming it).
+    """
     if not texts:
         raise connection.ClientError("no texts given")
     items = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
     batch = np.array(items, dtype=np.object_).reshape(-1, 1)
-    return [connection.make_input(mod, embedding.TEXT, batch, "BYTES")]
+    inputs = [connection.make_input(mod, embedding.TEXT, batch, "BYTES")]
+    if truncate:
+        flags = np.ones((len(items), 1), dtype=bool)
+        inputs.append(connection.make_input(mod, embedding.TRUNCATE, flags, "BOOL"))
+    return inputs
 
 
 def parse(result) -> np.ndarray:
@@ -39,10 +47,10 @@ class EmbedClient(connection.ModelClient):
 
     default_model = embedding.ENSEMBLE
 
-    def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
+    def embed(self, texts: Sequence[str | bytes], truncate: bool = False) -> np.ndarray:
         """Embeddings of ``texts`` in one request (up to the model's max_batch_size)."""
         outputs = connection.make_outputs(self.mod, [embedding.EMBEDDING])
-        return parse(self.infer(build_inputs(self.mod, texts), outputs))
+        return parse(self.infer(build_inputs(self.mod, texts, truncate), outputs))
 
 
 class AsyncEmbedClient(connection.AsyncModelClient):
@@ -50,10 +58,10 @@ class AsyncEmbedClient(connection.AsyncModelClient):
 
     default_model = embedding.ENSEMBLE
 
-    async def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str | bytes], truncate: bool = False) -> np.ndarray:
         """Embeddings of ``texts`` in one request."""
         outputs = connection.make_outputs(self.mod, [embedding.EMBEDDING])
-        return parse(await self.infer(build_inputs(self.mod, texts), outputs))
+        return parse(await self.infer(build_inputs(self.mod, texts, truncate), outputs))
 
 
 def read_texts(path: Path) -> list[str]:
@@ -82,6 +90,7 @@ async def embed_many(
     batch_size: int = 32,
     concurrency: int = 8,
     progress: Callable[[int, int], None] | None = None,
+    truncate: bool = False,
 ) -> np.ndarray:
     """Embed many texts with ``concurrency`` batched requests in flight; order is kept."""
     batches = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
@@ -92,7 +101,7 @@ async def embed_many(
     async def one(index: int) -> None:
         nonlocal done
         async with gate:
-            results[index] = await client.embed(batches[index])
+            results[index] = await client.embed(batches[index], truncate)
         done += len(batches[index])
         if progress:
             progress(done, len(texts))

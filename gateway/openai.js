@@ -4,10 +4,11 @@
 // POST /v1/embeddings turns one OpenAI request into Triton inference requests on the model it
 // names (nginx sends `embed` to the ensemble `embed_with_tokens`, `embed_int8` to
 // `embed_int8_with_tokens`): TEXT [n, 1] in, EMBEDDING [n, d] back (as Triton's JSON
-// numbers, or as raw float32 bytes for base64) and TOKENS [n, 1] (word pieces after
-// truncation, for usage). A call of more texts than the
-// model's max_batch_size goes out as several requests at once; their results are joined in
-// order. GET /v1/models lists the models. gateway/nginx.py renders the locations and sets:
+// numbers, or as raw float32 bytes for base64) and TOKENS [n, 1] (word pieces, for usage).
+// A text over the model's word pieces is refused (400 naming it) unless the call says
+// `"truncate": true` (as text-embeddings-inference's API does), which sends TRUNCATE [n, 1].
+// A call of more texts than the model's max_batch_size goes out as several requests at once;
+// their results are joined in order. GET /v1/models lists the models. gateway/nginx.py renders the locations and sets:
 //   $openai_models      the model ids, space-separated
 //   $openai_max_inputs  the most texts one call may carry (413 above)
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
@@ -139,18 +140,28 @@ function parse(r) {
         throw new ApiError(400, "'dimensions' is not supported: " + request.model
             + ' embeddings have ' + dimensions + ' dimensions', 'dimensions');
     }
+    const truncate = request.truncate === undefined || request.truncate === null
+        ? false : request.truncate;
+    if (typeof truncate !== 'boolean') {
+        throw new ApiError(400, "'truncate' must be true or false", 'truncate');
+    }
     const maxInputs = parseInt(r.variables.openai_max_inputs);
     return {model: request.model, texts: texts(request.input, maxInputs), encoding: encoding,
-        dimensions: dimensions};
+        dimensions: dimensions, truncate: truncate};
 }
 
 // Triton's request for some texts. Floats come back as Triton's own JSON numbers, which this
 // script splices into its answer as they are: formatting every float of a text here cost more than
 // the gateway's whole work (docs/models.md, "The gateway's cost"). base64 comes back as the
 // raw float32 bytes it encodes.
-function tritonRequest(chunk, encoding) {
+function tritonRequest(chunk, encoding, truncate) {
+    const inputs = [{name: 'TEXT', shape: [chunk.length, 1], datatype: 'BYTES', data: chunk}];
+    if (truncate) {
+        inputs.push({name: 'TRUNCATE', shape: [chunk.length, 1], datatype: 'BOOL',
+            data: chunk.map(function () { return true; })});
+    }
     return JSON.stringify({
-        inputs: [{name: 'TEXT', shape: [chunk.length, 1], datatype: 'BYTES', data: chunk}],
+        inputs: inputs,
         outputs: [
             {name: 'EMBEDDING', parameters: {binary_data: encoding === 'base64'}},
             {name: 'TOKENS', parameters: {binary_data: false}},
@@ -158,8 +169,9 @@ function tritonRequest(chunk, encoding) {
     });
 }
 
-// A Triton error as the OpenAI error a client should see.
-function tritonError(r, response, model) {
+// A Triton error as the OpenAI error a client should see; `offset`: the call's index of the
+// first text of the request that failed, so that a text's error names it as the call does.
+function tritonError(r, response, model, offset) {
     let message = 'upstream error ' + response.status;
     try {
         message = JSON.parse(response.responseText).error || message;
@@ -177,6 +189,9 @@ function tritonError(r, response, model) {
         return new ApiError(503, 'model ' + model + ' is not ready: ' + message, null,
             'model_not_ready', {'Retry-After': '1'});
     }
+    message = message.replace(/TEXT\[(\d+)\]/, function (match, i) {
+        return 'input[' + (offset + parseInt(i)) + ']';
+    }).replace('set TRUNCATE to true', "set 'truncate' to true");
     return new ApiError(response.status === 400 ? 400 : 500, message, 'input');
 }
 
@@ -248,7 +263,7 @@ async function embeddings(r) {
         if (r.variables.openai_shaping === '1') {
             const shaped = await r.subrequest(INFER + named + '/shape');
             if (shaped.status !== 204) {
-                throw tritonError(r, shaped, named);
+                throw tritonError(r, shaped, named, 0);
             }
         }
         const call = parse(r);
@@ -262,14 +277,14 @@ async function embeddings(r) {
         }
         const responses = await Promise.all(chunks.map(function (chunk) {
             return r.subrequest(INFER + call.model + '/infer',
-                {method: 'POST', body: tritonRequest(chunk, call.encoding)});
+                {method: 'POST', body: tritonRequest(chunk, call.encoding, call.truncate)});
         }));
         // Written out rather than JSON.stringify'd: the embeddings are JSON text already.
         const data = [];
         let tokens = 0;
         for (let c = 0; c < chunks.length; c++) {
             if (responses[c].status !== 200) {
-                throw tritonError(r, responses[c], call.model);
+                throw tritonError(r, responses[c], call.model, c * size);
             }
             const items = decode(responses[c], chunks[c].length, call.encoding, call.dimensions);
             for (let i = 0; i < items.length; i++) {

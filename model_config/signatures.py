@@ -21,9 +21,9 @@ from pipelines.tensors import Signature, Tensor
 SIGNATURES: dict[str, Signature] = {**classification.SIGNATURES, **embedding.SIGNATURES}
 
 
-def _described(tensor: Tensor) -> str:
-    dims = list(tensor.dims)
-    return f"{tensor.config_type} {dims}" + (" optional" if tensor.optional else "")
+def _described(tensor: Tensor, is_input: bool) -> str:
+    optional = is_input and tensor.optional  # an output is always there
+    return f"{tensor.config_type} {list(tensor.dims)}" + (" optional" if optional else "")
 
 
 def _configured(tensor: mc.ModelInput | mc.ModelOutput, is_input: bool) -> str:
@@ -37,7 +37,7 @@ def _compare(
     expected: Iterable[Tensor],
     actual: RepeatedCompositeFieldContainer,
 ) -> list[str]:
-    want = {t.name: _described(t) for t in expected}
+    want = {t.name: _described(t, kind == "input") for t in expected}
     have = {t.name: _configured(t, kind == "input") for t in actual}
     problems = [
         f"{kind} {name}: missing (the signature has {want[name]})"

@@ -41,6 +41,12 @@ ATTENTION_MASK = "ATTENTION_MASK"  # 1 for real tokens, 0 for padding
 EMBEDDING = "EMBEDDING"  # mean over real tokens, L2-normalized
 TOKENS = "TOKENS"  # word pieces the text became (with [CLS], [SEP]; truncated)
 TEXTS = "input_text"  # a 1-D batch of texts, LiteLLM's name for it
+# Optional, one flag per text: true embeds the first MAX_TOKENS word pieces of a longer text;
+# false or absent refuses such a text (INVALID_ARG naming it, its word pieces and the limit),
+# and nothing else of the batch fails. An input, not a request parameter, because Triton's
+# response cache keys a request by its inputs alone (docs/triton-2.51.md): a cut vector must
+# never answer a request that asked for none.
+TRUNCATE = "TRUNCATE"
 # The most texts one request may carry: embed's max_batch_size.
 MAX_TEXTS = 64
 # The most texts one call of the OpenAI-compatible API may carry (OpenAI's own limit); the
@@ -48,28 +54,31 @@ MAX_TEXTS = 64
 MAX_OPENAI_INPUTS = 2048
 
 HIDDEN_SIZE = 384
-# sentence-transformers' max_seq_length for this model; longer texts are truncated (not an
-# error): the embedding then describes their first MAX_TOKENS word pieces.
+# sentence-transformers' max_seq_length for this model, [CLS] and [SEP] included: a longer
+# text is refused unless its request sets TRUNCATE (then its first MAX_TOKENS are embedded).
 MAX_TOKENS = 256
 
 _TEXT = Tensor(TEXT, "BYTES", (1,))
+_TRUNCATE = Tensor(TRUNCATE, "BOOL", (1,), optional=True)
 _IDS = (Tensor(INPUT_IDS, "INT64", (-1,)), Tensor(ATTENTION_MASK, "INT64", (-1,)))
 _EMBEDDING = Tensor(EMBEDDING, "FP32", (HIDDEN_SIZE,))
 _TOKENS = Tensor(TOKENS, "INT32", (1,))
 _TEXTS = Tensor(TEXTS, "BYTES", (-1,))
-_EMBED = Signature((_TEXT,), (_EMBEDDING,))
-_COUNTED = Signature((_TEXT,), (_EMBEDDING, _TOKENS))  # embeddings and their word pieces
+_EMBED = Signature((_TEXT, _TRUNCATE), (_EMBEDDING,))
+_COUNTED = Signature((_TEXT, _TRUNCATE), (_EMBEDDING, _TOKENS))  # and their word pieces
 
 # Each model's inputs and outputs, in every config variant.
 SIGNATURES = {
-    TOKENIZE: Signature((_TEXT,), (*_IDS, _TOKENS)),
+    TOKENIZE: Signature((_TEXT, _TRUNCATE), (*_IDS, _TOKENS)),
     ENCODER: Signature(_IDS, (_EMBEDDING,)),
     TOKENIZE_ENCODE: _COUNTED,
     ENSEMBLE: _EMBED,
     INT8_ENSEMBLE: _EMBED,
-    GRAPH_ENSEMBLE: _EMBED,
+    # One ONNX graph, tokenizer op included: it cuts every text at MAX_TOKENS (no TRUNCATE).
+    GRAPH_ENSEMBLE: Signature((_TEXT,), (_EMBEDDING,)),
     **{ensemble: _COUNTED for ensemble in OPENAI_MODELS.values()},
     # 1-D batches of texts: no batch dimension of Triton's, the texts' own instead.
-    TEXT_ROWS: Signature((_TEXTS,), (_TEXT.rows(),)),
-    TEXTS_ENSEMBLE: Signature((_TEXTS,), (_EMBEDDING.rows(),)),
+    # TRUNCATE there is one flag for every text of the request, TEXT_ROWS copies it to each row.
+    TEXT_ROWS: Signature((_TEXTS, _TRUNCATE), (_TEXT.rows(), _TRUNCATE.rows())),
+    TEXTS_ENSEMBLE: Signature((_TEXTS, _TRUNCATE), (_EMBEDDING.rows(),)),
 }

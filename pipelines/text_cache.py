@@ -16,9 +16,10 @@ no longer has).
 
 Keys cannot serve a wrong vector: they hash the text's bytes together with everything that
 changes its vector (``Keyspace``: model, version, the encoder file's sha256, the tokenizer's,
-the maximum length, pooling and normalization), so no text is stored in clear and a new export
-starts a new keyspace. Values carry a format version, the vector's length and the text's word
-pieces; one that does not decode is counted and recomputed, never returned.
+the maximum length, pooling and normalization; and whether the text may be cut at that
+length), so no text is stored in clear and a new export starts a new keyspace. Values carry a
+format version, the vector's length and the text's word pieces; one that does not decode is
+counted and recomputed, never returned.
 """
 
 from __future__ import annotations
@@ -56,12 +57,18 @@ class Keyspace:
                   str(self.max_tokens), self.pooling, self.normalization, self.runtime)  # fmt: skip
         return hashlib.sha256("\0".join(fields).encode()).digest()
 
-    def keys(self, texts: Sequence[str]) -> list[str]:
-        """The Redis key of each text: the keyspace's digest and the text's bytes, hashed."""
+    def keys(self, texts: Sequence[str], truncate: Sequence[bool] | None = None) -> list[str]:
+        """The Redis key of each text: the keyspace, the text's flag and its bytes, hashed.
+
+        The flag says whether the text may be cut at ``max_tokens`` (default: no); with it in
+        every key, a vector of a cut text never answers a text that may not be cut (which must
+        be refused), nor the reverse.
+        """
         base = hashlib.blake2b(self.digest(), digest_size=32)
         out = []
-        for text in texts:
+        for text, cut in zip(texts, truncate or [False] * len(texts), strict=True):
             h = base.copy()
+            h.update(b"\x01" if cut else b"\x00")
             h.update(text.encode("utf-8"))
             out.append(KEY_PREFIX + h.hexdigest()[:40])
         return out
@@ -275,10 +282,15 @@ class TextCache:
         self.local = local
         self.shared = shared
 
-    def lookup(self, texts: Sequence[str]) -> tuple[list[tuple[np.ndarray, int] | None], Outcome]:
-        """(vector, word pieces) or None for each text, in order; what each layer answered."""
+    def lookup(
+        self, texts: Sequence[str], truncate: Sequence[bool] | None = None
+    ) -> tuple[list[tuple[np.ndarray, int] | None], Outcome]:
+        """(vector, word pieces) or None for each text, in order; what each layer answered.
+
+        ``truncate``: whether each text may be cut (default: none may), part of its key.
+        """
         outcome = Outcome()
-        keys = self.keyspace.keys(texts)
+        keys = self.keyspace.keys(texts, truncate)
         found: list[tuple[np.ndarray, int] | None] = [None] * len(texts)
         missing: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
@@ -302,13 +314,17 @@ class TextCache:
         outcome.misses = len(missing)  # distinct texts: each is encoded once
         return found, outcome
 
-    def store(self, texts: Sequence[str], vectors: np.ndarray, tokens: Sequence[int]) -> Outcome:
+    def store(
+        self,
+        texts: Sequence[str],
+        vectors: Sequence[np.ndarray],
+        tokens: Sequence[int],
+        truncate: Sequence[bool] | None = None,
+    ) -> Outcome:
         """Keep newly encoded vectors in both layers (Redis: one round trip, with the TTL)."""
         outcome = Outcome()
-        values = {
-            key: pack(vector, n)
-            for key, vector, n in zip(self.keyspace.keys(texts), vectors, tokens, strict=True)
-        }
+        keys = self.keyspace.keys(texts, truncate)
+        values = {key: pack(v, n) for key, v, n in zip(keys, vectors, tokens, strict=True)}
         if self.local is not None:
             for key, value in values.items():
                 self.local.put(key, value)

@@ -66,5 +66,27 @@ def decode_texts(items) -> list[str]:
 
 def encode(texts: Sequence[str]) -> tuple[list[list[int]], int]:
     """Word-piece ids of each text (with [CLS]/[SEP], truncated), and how many were truncated."""
-    encodings = tokenizer().encode_batch(list(texts))
-    return [e.ids for e in encodings], sum(1 for e in encodings if e.overflowing)
+    ids, lengths = encode_counted(texts)
+    return ids, sum(n > embedding.MAX_TOKENS for n in lengths)
+
+
+def encode_counted(texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+    """Word-piece ids of each text, cut at MAX_TOKENS, and how many each has uncut.
+
+    The count comes from the cut-off pieces the tokenizer keeps (each with its own [CLS] and
+    [SEP]), so a long text is tokenized once, not again without the cut.
+    """
+    tok = tokenizer()
+    special = tok.post_processor.num_special_tokens_to_add(False)
+    encodings = tok.encode_batch(list(texts))
+    lengths = [len(e.ids) + sum(len(o.ids) - special for o in e.overflowing) for e in encodings]
+    return [e.ids for e in encodings], lengths
+
+
+def too_long(index: int, length: int) -> TextError:
+    """The error for text ``index`` of a request, ``length`` word pieces long, not to be cut."""
+    limit = embedding.MAX_TOKENS
+    return TextError(
+        f"{embedding.TEXT}[{index}]: text too long: {length} word pieces, over the limit of "
+        f"{limit}; shorten it, or set {embedding.TRUNCATE} to true to embed its first {limit}"
+    )

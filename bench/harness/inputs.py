@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from export import samples, text_samples
-from pipelines import classification, embedding, image, padding
+from pipelines import classification, embedding, image, padding, tokenization
 
 # The embedding service's traffic: short queries, each its own request.
 EMBED_MODELS = (embedding.ENSEMBLE, "embed_int8")  # ensembles with a response cache
@@ -22,8 +22,16 @@ MIXED_SEED = 0
 
 
 def mixed_texts() -> list[str]:
-    """The mixed-length texts every server gets, in the same order."""
-    return text_samples.mixed_texts(MIXED_TEXTS, MIXED_SEED)
+    """The mixed-length texts every server gets, in the same order.
+
+    Only texts within the model's MAX_TOKENS word pieces (5 of the first 4000 passages are
+    over): embed refuses a longer one unless its request sets TRUNCATE, which the graph and the
+    peers do not take, and they would cut it instead.
+    """
+    texts = text_samples.mixed_texts(MIXED_TEXTS + 100, MIXED_SEED)
+    _, lengths = tokenization.encode_counted(texts)
+    fitting = [t for t, n in zip(texts, lengths, strict=True) if n <= embedding.MAX_TOKENS]
+    return fitting[:MIXED_TEXTS]
 
 
 def _string_element(data: bytes) -> str:

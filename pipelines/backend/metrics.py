@@ -46,6 +46,7 @@ _REASONS = (
     ("corrupt EXIF", "corrupt"),
     ("cannot convert", "corrupt"),
     ("text too large", "too_large"),
+    ("text too long", "too_long"),
     ("no texts", "no_input"),
     ("no images", "no_input"),
 )

@@ -36,6 +36,45 @@ def token_counts(tokens: list[list[int]]) -> np.ndarray:
     return np.array([[len(t)] for t in tokens], dtype=np.int32).reshape(-1, 1)
 
 
+@dataclasses.dataclass
+class Texts:
+    """One request's texts and, for each, whether it may be cut at ``MAX_TOKENS``."""
+
+    texts: list[str]
+    truncate: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def refusal(self, lengths: list[int]) -> tokenization.TextError | None:
+        """The error for its first text over the limit that may not be cut, if any."""
+        for i, (length, cut) in enumerate(zip(lengths, self.truncate, strict=True)):
+            if length > embedding.MAX_TOKENS and not cut:
+                return tokenization.too_long(i, length)
+        return None
+
+
+def read_texts(request) -> Texts:
+    """A request's TEXT items and TRUNCATE flags (false where absent).
+
+    Raises:
+        tokenization.TextError: a text that is not one, or flags that are not one per text.
+    """
+    texts = tokenization.decode_texts(bk.input_array(request, embedding.TEXT))
+    flags = bk.input_array(request, embedding.TRUNCATE)
+    if flags is None:
+        return Texts(texts, [False] * len(texts))
+    if flags.size != len(texts):
+        raise tokenization.TextError(
+            f"{embedding.TRUNCATE} has {flags.size} flags for {len(texts)} texts: one per text"
+        )
+    return Texts(texts, [bool(f) for f in flags.reshape(-1)])
+
+
+# One text's answer: (vector, word pieces), or its word pieces alone where it is refused.
+Answer = tuple[np.ndarray, int] | int
+
+
 class TokenizeModel:
     """tokenize: UTF-8 texts → word-piece ids and masks, each request padded to its own bucket.
 
@@ -53,30 +92,38 @@ class TokenizeModel:
         """Release the metric series before the stub exits."""
         self.metrics.close()
 
-    def _parse(self, request) -> list[str]:
+    def _parse(self, request) -> Texts:
         try:
-            return tokenization.decode_texts(bk.input_array(request, embedding.TEXT))
+            return read_texts(request)
         except tokenization.TextError as exc:
             self.metrics.failed([exc])
             raise bk.RequestError(str(exc)) from None
 
-    def _run(self, items: list[list[str]]) -> list[dict]:
-        tokens, truncated = tokenization.encode([t for texts in items for t in texts])
-        outputs, start, padded = [], 0, 0
-        for texts in items:
+    def _run(self, items: list[Texts]) -> list[dict | Exception]:
+        tokens, lengths = tokenization.encode_counted([t for r in items for t in r.texts])
+        outputs, refused, start, real, padded, truncated = [], [], 0, 0, 0, 0
+        for request in items:
+            mine = slice(start, start + len(request))
+            start += len(request)
+            error = request.refusal(lengths[mine])
+            if error is not None:
+                refused.append(error)
+                outputs.append(bk.RequestError(str(error)))
+                continue
             # Each request padded to the bucket of its own longest text.
-            mine = tokens[start : start + len(texts)]
-            ids, mask = padding.pad(mine)
-            start += len(texts)
+            ids, mask = padding.pad(tokens[mine])
+            real += sum(map(len, tokens[mine]))
             padded += ids.size
+            truncated += sum(n > embedding.MAX_TOKENS for n in lengths[mine])
             outputs.append(
                 {
                     embedding.INPUT_IDS: ids,
                     embedding.ATTENTION_MASK: mask,
-                    embedding.TOKENS: token_counts(mine),
+                    embedding.TOKENS: token_counts(tokens[mine]),
                 }
             )
-        self.metrics.batch(sum(map(len, tokens)), padded, truncated)
+        self.metrics.failed(refused)
+        self.metrics.batch(real, padded, truncated)
         return outputs
 
     def execute(self, requests):
@@ -111,49 +158,80 @@ class TokenizeEncodeModel(TokenizeModel):
             self.cache_metrics.close()
         super().finalize()
 
-    def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(vectors [n, 384], word pieces [n]) of texts, through the encoder, counted."""
-        tokens, truncated = tokenization.encode(texts)
-        vectors, padded = padding.encode_sorted(self._encoder, tokens, self.max_tokens)
-        self.metrics.batch(sum(map(len, tokens)), padded, truncated)
-        return vectors, np.array([len(t) for t in tokens], dtype=np.int32)
+    def _encode(self, texts: list[str], truncate: list[bool]) -> list[Answer]:
+        """Each text's (vector, word pieces) through the encoder, or its length if refused."""
+        tokens, lengths = tokenization.encode_counted(texts)
+        over = [n > embedding.MAX_TOKENS for n in lengths]
+        kept = [i for i, (o, cut) in enumerate(zip(over, truncate, strict=True)) if cut or not o]
+        answers: list[Answer] = list(lengths)  # a refused text's answer: its length
+        if kept:
+            vectors, padded = padding.encode_sorted(
+                self._encoder, [tokens[i] for i in kept], self.max_tokens
+            )
+            for i, vector in zip(kept, vectors, strict=True):
+                answers[i] = (vector, len(tokens[i]))
+            real = sum(len(tokens[i]) for i in kept)
+            self.metrics.batch(real, padded, sum(over[i] for i in kept))
+        return answers
 
     def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Embeddings [n, 384] of padded rows, in their order."""
         feeds = {embedding.INPUT_IDS: ids, embedding.ATTENTION_MASK: mask}
         return self.engine(feeds)[0]
 
-    def _embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Every text's vector and word pieces: from the cache where it has them."""
+    def _embed(self, texts: list[str], truncate: list[bool]) -> list[Answer]:
+        """Every text's answer: from the cache where it has one, else from the encoder.
+
+        The cache keys each text with its flag: a cut vector never answers a text that may not
+        be cut, and a refused text is never stored.
+        """
         if self.cache is None:
-            return self._encode(texts)
-        found, looked = self.cache.lookup(texts)
-        # Each text still missing is encoded once, however often it repeats in the batch.
-        todo = list(dict.fromkeys(t for t, hit in zip(texts, found, strict=True) if hit is None))
+            return self._encode(texts, truncate)
+        keyed = list(zip(texts, truncate, strict=True))
+        found, looked = self.cache.lookup(texts, truncate)
+        # Each (text, flag) still missing is encoded once, however often it repeats.
+        todo = list(dict.fromkeys(k for k, hit in zip(keyed, found, strict=True) if hit is None))
         outcomes = [looked]
         if todo:
-            vectors, counts = self._encode(todo)
-            outcomes.append(self.cache.store(todo, vectors, counts))
-            new = dict(zip(todo, zip(vectors, counts, strict=True), strict=True))
-            found = [
-                hit if hit is not None else new[t] for t, hit in zip(texts, found, strict=True)
-            ]
+            answers = self._encode([t for t, _ in todo], [f for _, f in todo])
+            new = dict(zip(todo, answers, strict=True))
+            kept = [(key, a) for key, a in new.items() if not isinstance(a, int)]
+            if kept:
+                outcomes.append(
+                    self.cache.store(
+                        [text for (text, _), _ in kept],
+                        [vector for _, (vector, _) in kept],
+                        [n for _, (_, n) in kept],
+                        [flag for (_, flag), _ in kept],
+                    )
+                )
+            found = [new[k] if hit is None else hit for k, hit in zip(keyed, found, strict=True)]
         shared = self.cache.shared
         self.cache_metrics.record(outcomes, shared.open if shared is not None else None)
-        return (
-            np.stack([vector for vector, _ in found]),
-            np.array([n for _, n in found], dtype=np.int32),
-        )
+        return found
 
-    def _run(self, items: list[list[str]]) -> list[dict]:
-        vectors, counts = self._embed([t for texts in items for t in texts])
-        sizes = [len(texts) for texts in items]
-        parts = bk.split_rows(vectors, sizes, embedding.EMBEDDING)
-        counts = bk.split_rows(counts.reshape(-1, 1), sizes, embedding.TOKENS)
-        return [
-            {embedding.EMBEDDING: p, embedding.TOKENS: c}
-            for p, c in zip(parts, counts, strict=True)
-        ]
+    def _run(self, items: list[Texts]) -> list[dict | Exception]:
+        answers = self._embed(
+            [t for r in items for t in r.texts], [f for r in items for f in r.truncate]
+        )
+        outputs, refused, start = [], [], 0
+        for request in items:
+            mine = answers[start : start + len(request)]
+            start += len(request)
+            lengths = [a if isinstance(a, int) else 0 for a in mine]
+            error = request.refusal(lengths)
+            if error is not None:
+                refused.append(error)
+                outputs.append(bk.RequestError(str(error)))
+                continue
+            outputs.append(
+                {
+                    embedding.EMBEDDING: np.stack([vector for vector, _ in mine]),
+                    embedding.TOKENS: np.array([[n] for _, n in mine], dtype=np.int32),
+                }
+            )
+        self.metrics.failed(refused)
+        return outputs
 
     def execute(self, requests):
         """Every text of every request in one tokenizer call and sorted encoder runs."""
@@ -164,14 +242,15 @@ class TextRowsModel:
     """texts_as_batch: a 1-D batch of texts [N] → embed's rows [N, 1], nothing else.
 
     The texts are checked where they are embedded; here only their count: none, or more than
-    embed takes in one request (``embedding.MAX_TEXTS``), is this request's error.
+    embed takes in one request (``embedding.MAX_TEXTS``), is this request's error. The request's
+    one TRUNCATE flag (false when absent) goes with every row.
     """
 
     def initialize(self, args):
         """Keep the model's name for error messages."""
         self.name = args["model_name"]
 
-    def _parse(self, request) -> np.ndarray:
+    def _parse(self, request) -> tuple[np.ndarray, bool]:
         texts = bk.input_array(request, embedding.TEXTS)
         if texts is None or texts.size == 0:
             raise bk.RequestError(f"{embedding.TEXTS} holds no texts: send a 1-D batch of texts")
@@ -184,15 +263,28 @@ class TextRowsModel:
                 f"{embedding.TEXTS} has {len(texts)} texts; "
                 f"at most {embedding.MAX_TEXTS} fit in one request"
             )
-        return texts
+        flag = bk.input_array(request, embedding.TRUNCATE)
+        if flag is not None and flag.size != 1:
+            raise bk.RequestError(
+                f"{embedding.TRUNCATE} is one flag for all the texts, got shape {list(flag.shape)}"
+            )
+        return texts, flag is not None and bool(flag.reshape(-1)[0])
 
     @staticmethod
-    def _run(items: list[np.ndarray]) -> list[dict]:
-        return [{embedding.TEXT: texts.reshape(-1, 1)} for texts in items]
+    def _run(items: list[tuple[np.ndarray, bool]]) -> list[dict]:
+        return [
+            {
+                embedding.TEXT: texts.reshape(-1, 1),
+                embedding.TRUNCATE: np.full((len(texts), 1), cut, dtype=bool),
+            }
+            for texts, cut in items
+        ]
 
     def execute(self, requests):
         """One response per request, in order."""
-        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len)
+        return bk.execute(
+            requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
+        )
 
 
 def _sha256(path) -> str:

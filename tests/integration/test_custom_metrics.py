@@ -32,15 +32,24 @@ def bucket_changes(before: dict, after: dict, histogram: str, **labels: str) -> 
     return {float(le): change(before, after, histogram + "_bucket", **labels, le=le) for le in les}
 
 
-def send(server, protocol: str, model: str, name: str, items: list[bytes]) -> str | None:
-    """One request with these BYTES items; its error message, or None on success."""
+def send(
+    server, protocol: str, model: str, name: str, items: list[bytes], truncate: bool = False
+) -> str | None:
+    """One request with these BYTES items; its error message, or None on success.
+
+    ``truncate``: a text step's TRUNCATE flag set for every item.
+    """
     mod = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
     with mod.InferenceServerClient(url) as client:
         tensor = mod.InferInput(name, [len(items), 1], "BYTES")
         tensor.set_data_from_numpy(np.array(items, dtype=np.object_).reshape(-1, 1))
+        tensors = [tensor]
+        if truncate:
+            tensors.append(mod.InferInput(embedding.TRUNCATE, [len(items), 1], "BOOL"))
+            tensors[-1].set_data_from_numpy(np.ones((len(items), 1), dtype=bool))
         try:
-            client.infer(model, [tensor])
+            client.infer(model, tensors)
         except InferenceServerException as exc:
             return exc.message()
     return None
@@ -140,7 +149,7 @@ def unseen(text: str) -> str:
 def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
     requests = [
         [unseen("A man is eating food."), unseen("A longer sentence about a man riding a horse.")],
-        [unseen("word " * 400)],  # over 256 word pieces: truncated
+        [unseen("word " * 400)],  # over 256 word pieces: cut, as its request asks
         [unseen("Short.")],
     ]
     ids = [tokenization.encode(texts)[0] for texts in requests]
@@ -158,8 +167,10 @@ def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
     for i, texts in enumerate(requests):
         protocol = "http" if i % 2 == 0 else "grpc"
         items = [t.encode() for t in texts]
-        assert send(server, protocol, embedding.ENSEMBLE, embedding.TEXT, items) is None
+        assert send(server, protocol, embedding.ENSEMBLE, embedding.TEXT, items, True) is None
     assert "not UTF-8" in send(server, "http", embedding.ENSEMBLE, embedding.TEXT, [b"caf\xe9"])
+    over = [unseen("word " * 401).encode()]  # refused: no TRUNCATE
+    assert "text too long" in send(server, "http", embedding.ENSEMBLE, embedding.TEXT, over)
     assert "text too large" in send(
         server, "grpc", embedding.ENSEMBLE, embedding.TEXT, [b"x" * (300 * 1024)]
     )
@@ -182,4 +193,5 @@ def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
     failures = metrics.DECODE_FAILURES
     assert change(before, after, failures, **TOK, reason="not_utf8") == 1
     assert change(before, after, failures, **TOK, reason="too_large") == 1
+    assert change(before, after, failures, **TOK, reason="too_long") == 1
     assert change(before, after, "nv_inference_count", **TOK) >= 1  # Triton's own, same page

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from client.connection import ClientError, module
 from client.embed import AsyncEmbedClient, EmbedClient
 from export import bert, text_samples
 from export import minilm as export_minilm
-from pipelines import embedding
+from pipelines import embedding, tokenization
 from tests.helpers import batched_in_some_burst, run_cli, settled_executions
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,7 @@ def test_served_embeddings_match_the_pytorch_reference(server, reference, protoc
     texts = export_minilm.parity_texts()  # short ones and one far over 256 tokens
     with EmbedClient(url(server, protocol), protocol) as client:
         client.check_ready()
-        served = client.embed(texts)
+        served = client.embed(texts, truncate=True)
     assert served.shape == (len(texts), embedding.HIDDEN_SIZE) and served.dtype == np.float32
     assert cosines(served, reference(texts)).min() >= SERVED_MIN_COSINE
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-5)
@@ -152,15 +153,32 @@ def test_the_one_graph_model_matches_the_ensemble(server, reference, protocol):
         EmbedClient(url(server, protocol), protocol, model=embedding.GRAPH_ENSEMBLE) as graph,
     ):
         one_graph = graph.embed(texts)
-        assert cosines(one_graph, ensemble.embed(texts)).min() >= 0.99999
+        assert cosines(one_graph, ensemble.embed(texts, truncate=True)).min() >= 0.99999
     assert cosines(one_graph, reference(texts)).min() >= SERVED_MIN_COSINE
 
 
-def test_long_and_mixed_length_texts_are_embedded_not_refused(server, reference):
-    mixed = ["short", text_samples.LONG_TEXT, "a medium sized sentence about serving models"]
-    with EmbedClient(server.http_url, "http") as client:
-        served = client.embed(mixed)
-    assert cosines(served, reference(mixed)).min() >= SERVED_MIN_COSINE
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("model", [embedding.ENSEMBLE, embedding.INT8_ENSEMBLE])
+def test_an_over_long_text_is_refused_by_name_unless_its_request_asks_to_cut_it(
+    server, reference, protocol, model
+):
+    long_text = f"{text_samples.LONG_TEXT} ({protocol}, {model})"  # no cache has seen it
+    mixed = ["short", long_text, "a medium sized sentence about serving models"]
+    pieces = len(tokenization.tokenizer().encode(long_text, add_special_tokens=True).ids)
+    (length,) = tokenization.encode_counted([long_text])[1]
+    assert pieces == embedding.MAX_TOKENS < length  # the tokenizer cuts it; the count does not
+    refusal = f"TEXT[1]: text too long: {length} word pieces, over the limit of 256"
+    with EmbedClient(url(server, protocol), protocol, model=model) as client:
+        with pytest.raises(ClientError, match=re.escape(refusal)):
+            client.embed(mixed)
+        served = client.embed(mixed, truncate=True)
+        # Asked again without TRUNCATE: refused again. Triton's response cache keys TRUNCATE
+        # with the texts, so the cut answer it now holds does not answer this request.
+        with pytest.raises(ClientError, match=re.escape(refusal)):
+            client.embed(mixed)
+    want = reference(mixed)  # sentence-transformers: its first 256 word pieces
+    floor = SERVED_MIN_COSINE if model == embedding.ENSEMBLE else export_minilm.MIN_COSINE_INT8
+    assert cosines(served, want).min() >= floor
 
 
 def text_step(server) -> str:
@@ -184,7 +202,7 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
         None,  # not UTF-8
         passage,
         "A monkey is playing drums.",
-        text_samples.LONG_TEXT,
+        text_samples.LONG_TEXT,  # over the limit, without TRUNCATE: refused
         f"{passage} {passage}",
     ]
 
@@ -202,7 +220,9 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
         blocker = [f"{text_samples.LONG_TEXT} (burst {n}, passage {i})" for i in range(16)]
         async with AsyncEmbedClient(url(server, protocol), protocol) as client:
             return await asyncio.gather(
-                client.embed(blocker), *(client.embed(t) for t in plan), return_exceptions=True
+                client.embed(blocker, truncate=True),
+                *(client.embed(t) for t in plan),
+                return_exceptions=True,
             )
 
     step = text_step(server)
@@ -216,6 +236,8 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
         for request, result in zip(plan, results, strict=True):
             if isinstance(request[0], bytes):
                 assert isinstance(result, ClientError) and "not UTF-8" in str(result)
+            elif request[0].startswith(text_samples.LONG_TEXT):
+                assert isinstance(result, ClientError) and "text too long" in str(result)
             else:
                 assert cosines(result, reference(request)).min() >= SERVED_MIN_COSINE
         return settled_executions(lambda: embed_stats(server, step, "1"), before, 1 + len(plan))
@@ -268,7 +290,7 @@ def test_the_step_can_run_the_encoder_triton_serves_through_bls(reference):
         http_port=0, grpc_port=0, metrics_port=0,
         extra_args=["--model-control-mode=explicit", f"--load-model={embedding.ENCODER}"],
     )  # fmt: skip
-    texts = ["A man is eating food.", "A man is riding a horse.", "word " * 300]
+    texts = ["A man is eating food.", "A man is riding a horse.", "word " * 250]
     with Server(config) as server, http.InferenceServerClient(server.http_url) as client:
         step = model_config.resolve(MODEL_REPOSITORY / embedding.TOKENIZE_ENCODE, "gpu")
         assert step.parameters["encoder_backend"].string_value == "triton"
@@ -293,3 +315,26 @@ def test_the_step_can_run_the_encoder_triton_serves_through_bls(reference):
             time.sleep(0.05)
         assert encoded() - before == len(texts)
     assert cosines(served, reference(texts)).min() >= SERVED_MIN_COSINE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_one_dimensional_batch_refuses_or_cuts_a_long_text_as_embed_does(server, protocol):
+    """text_embeddings (LiteLLM's request shape): one TRUNCATE flag for all of its texts."""
+    from tritonclient.utils import InferenceServerException
+
+    mod = module(protocol)
+    long_text = f"{text_samples.LONG_TEXT} (1-D, {protocol})"
+    texts = np.array([b"short", long_text.encode()], dtype=np.object_)
+    batch = mod.InferInput(embedding.TEXTS, [2], "BYTES")
+    batch.set_data_from_numpy(texts)
+    flag = mod.InferInput(embedding.TRUNCATE, [1], "BOOL")
+    flag.set_data_from_numpy(np.array([True]))
+    with mod.InferenceServerClient(url(server, protocol)) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(embedding.TEXTS_ENSEMBLE, [batch])
+        assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+        assert f"{embedding.TEXT}[1]: text too long" in refused.value.message()
+        cut = client.infer(embedding.TEXTS_ENSEMBLE, [batch, flag])
+    with EmbedClient(url(server, protocol), protocol) as client:
+        want = client.embed(texts.tolist(), truncate=True)
+    np.testing.assert_allclose(cut.as_numpy(embedding.EMBEDDING), want, atol=1e-6)

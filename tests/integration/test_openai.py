@@ -26,6 +26,7 @@ import openai
 import pytest
 import tritonclient.http as httpclient
 from prometheus_client import CollectorRegistry
+from tritonclient.utils import InferenceServerException
 
 from client.embed import EmbedClient
 from gateway import shaping
@@ -98,7 +99,9 @@ def reference(server, texts: list[str], model: str = embedding.ENSEMBLE) -> np.n
     """What Triton's own model answers for these texts (the vectors every client must get)."""
     with EmbedClient(server.http_url, "http", model=model) as client:
         chunks = range(0, len(texts), embedding.MAX_TEXTS)
-        return np.concatenate([client.embed(texts[i : i + embedding.MAX_TEXTS]) for i in chunks])
+        return np.concatenate(
+            [client.embed(texts[i : i + embedding.MAX_TEXTS], truncate=True) for i in chunks]
+        )
 
 
 def assert_same_vectors(got, want) -> None:
@@ -109,7 +112,7 @@ def assert_same_vectors(got, want) -> None:
 
 
 def tokens(texts: list[str]) -> int:
-    """Word pieces the model's own tokenizer makes of the texts (truncated at 256 each)."""
+    """Word pieces the model's own tokenizer makes of the texts (cut at 256 each)."""
     return sum(len(ids) for ids in tokenization.encode(texts)[0])
 
 
@@ -152,15 +155,29 @@ def test_models_are_listed_and_an_unknown_one_is_404(gateway):
     assert "embed, embed_int8" in err.value.body["message"]
 
 
-def test_over_long_texts_are_truncated_at_256_word_pieces_and_counted(server, gateway):
-    long_ = "retrieval " * 600
+LONG = "retrieval " * 600  # far over the model's 256 word pieces
+
+
+def test_an_over_long_text_is_refused_by_its_index_unless_the_call_asks_to_truncate(
+    server, gateway
+):
+    # The long text is in the call's second Triton request (64 texts each): its index is the
+    # call's, not that request's.
+    texts = [SENTENCES[i % 3] for i in range(embedding.MAX_TEXTS + 1)] + [LONG]
+    (length,) = tokenization.encode_counted([LONG])[1]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(gateway).embeddings.create(model="embed", input=texts, encoding_format="float")
+    assert refused.value.body["param"] == "input"
+    assert (
+        f"input[{len(texts) - 1}]: text too long: {length} word pieces, over the limit of 256; "
+        "shorten it, or set 'truncate' to true to embed its first 256"
+    ) in refused.value.body["message"]
     result = sdk(gateway).embeddings.create(
-        model="embed", input=[long_, SENTENCES[0]], encoding_format="float"
-    )
+        model="embed", input=[LONG, SENTENCES[0]], encoding_format="float",
+        extra_body={"truncate": True},
+    )  # fmt: skip
     assert result.usage.prompt_tokens == embedding.MAX_TOKENS + tokens(SENTENCES[:1])
-    assert_same_vectors(
-        [d.embedding for d in result.data], reference(server, [long_, SENTENCES[0]])
-    )
+    assert_same_vectors([d.embedding for d in result.data], reference(server, [LONG, SENTENCES[0]]))
 
 
 # Bad input: a clear error for that call, and the gateway serves on -------------------------------
@@ -179,6 +196,7 @@ BAD_CALLS = {
     ),
     "encoding": ({"input": "x", "encoding_format": "int8"}, 400, "'float' or 'base64'"),
     "whitespace only": ({"input": ["   "]}, 400, "only whitespace"),
+    "truncate": ({"input": "x", "truncate": "yes"}, 400, "'truncate' must be true or false"),
     "no model": ({"input": "x", "model": None}, 400, "'model' must be the name of a model"),
 }
 
@@ -357,6 +375,15 @@ def test_litellm_triton_provider_gets_embeds_vectors(server, gateway, litellm, v
     )
     assert [d["index"] for d in result.data] == [0, 1, 2]
     assert_same_vectors([d["embedding"] for d in result.data], reference(server, SENTENCES))
+    # A text over 256 word pieces: the provider sends no TRUNCATE, so Triton refuses it, and
+    # LiteLLM raises its own error with Triton's message in it.
+    with pytest.raises(Exception, match=r"TEXT\[1\]: text too long") as refused:
+        litellm.embedding(
+            model=f"triton/{embedding.TEXTS_ENSEMBLE}",
+            api_base=f"http://{base}/v2/models/{embedding.TEXTS_ENSEMBLE}/infer",
+            input=[SENTENCES[0], LONG],
+        )
+    assert type(refused.value).__module__.startswith("litellm"), type(refused.value)
 
 
 def test_litellm_openai_provider_through_the_gateway(server, gateway, litellm):
@@ -386,9 +413,16 @@ def test_llamaindex_nvidia_triton_call_shape(server, gateway, via):
         outputs=[output_data],
         request_id="7",
     )
-    client.close()
     embeddings = [e.tolist() for e in response.as_numpy(embedding.EMBEDDING)]
     assert_same_vectors(embeddings, reference(server, SENTENCES))
+    # A text over 256 word pieces: refused, as InferenceServerException (HTTP 400), which the
+    # embedding class lets through to its caller.
+    input_data = httpclient.InferInput(embedding.TEXTS, [2], "BYTES")
+    input_data.set_data_from_numpy(np.array([SENTENCES[0], LONG], dtype=np.object_))
+    with pytest.raises(InferenceServerException, match=r"TEXT\[1\]: text too long") as refused:
+        client.infer(model_name=embedding.TEXTS_ENSEMBLE, inputs=[input_data])
+    client.close()
+    assert refused.value.status() == "400"
 
 
 def test_langchain_openai_embeddings_through_the_gateway(server, gateway):

@@ -358,8 +358,8 @@ def test_a_text_over_256_kib_is_refused_before_tokenizing(server, protocol):
     size = 256 * 1024 + 1
     error = refusal(server, protocol, embedding.ENSEMBLE, embedding.TEXT, b"a" * size)
     assert f"TEXT[0]: text too large: {size} bytes, over the 262144-byte limit" in error.message()
-    # Just under the limit is embedded (truncated at 256 word pieces, as any long text).
+    # Just under the limit is embedded where its request lets it be cut at 256 word pieces.
     url = server.http_url if protocol == "http" else server.grpc_url
     with EmbedClient(url, protocol) as client:
-        vectors = client.embed([f"{protocol} " + "word " * (256 * 1024 // 5 - 1)])
+        vectors = client.embed([f"{protocol} " + "word " * (256 * 1024 // 5 - 1)], truncate=True)
     assert vectors.shape == (1, embedding.HIDDEN_SIZE)

@@ -201,7 +201,7 @@ def texts(*items) -> np.ndarray:
 
 def test_tokenize_pads_each_request_to_its_own_bucket_and_refuses_bad_text(monkeypatch):
     model = load(embedding.TOKENIZE)
-    encodes = counted(monkeypatch, tokenization, "encode", len)
+    encodes = counted(monkeypatch, tokenization, "encode_counted", len)
     short, long_ = "A man is eating food.", "word " * 40
     responses = model.execute(
         [
@@ -325,7 +325,7 @@ def test_tokenize_encode_sorts_every_text_of_the_batch_and_refuses_bad_text(
 ):
     model = load(embedding.TOKENIZE_ENCODE)
     short, other, passage = "A man is eating food.", "A monkey is playing drums.", "word " * 120
-    encodes = counted(monkeypatch, tokenization, "encode", len)
+    encodes = counted(monkeypatch, tokenization, "encode_counted", len)
     runs = onnx_runs(monkeypatch)
     responses = model.execute(
         [
@@ -460,3 +460,74 @@ def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks
     np.testing.assert_allclose(output(responses[0], classification.LOGITS), want[:1], atol=1e-3)
     assert failed(responses[1], INTERNAL, f"model {classification.CLASSIFIER} failed")
     np.testing.assert_allclose(output(responses[2], classification.LOGITS), want, atol=1e-3)
+
+
+# A text over the model's 256 word pieces: 400 words, [CLS] and [SEP].
+OVER_LONG, OVER_LONG_PIECES = "word " * 400, 402
+
+
+def flags(*values) -> np.ndarray:
+    return np.array(values, dtype=bool).reshape(-1, 1)
+
+
+@pytest.mark.parametrize("name", [embedding.TOKENIZE, embedding.TOKENIZE_ENCODE])
+def test_an_over_long_text_is_refused_by_name_unless_its_request_lets_it_be_cut(name, encoder_onnx):
+    model = load(name)
+    short = "A man is eating food."
+    responses = model.execute(
+        [
+            request(TEXT=texts(short, OVER_LONG)),  # no TRUNCATE: refused
+            request(TEXT=texts(short)),
+            request(TEXT=texts(OVER_LONG, short), TRUNCATE=flags(True, False)),
+            request(TEXT=texts(short, OVER_LONG), TRUNCATE=flags(True, False)),
+            request(TEXT=texts(short), TRUNCATE=flags(True, True)),  # one flag per text
+        ]
+    )
+    limit = embedding.MAX_TOKENS
+    message = (
+        f"{embedding.TEXT}[1]: text too long: {OVER_LONG_PIECES} word pieces, over the limit "
+        f"of {limit}; shorten it, or set {embedding.TRUNCATE} to true to embed its first {limit}"
+    )
+    assert failed(responses[0], INVALID, message), responses[0].error()
+    assert failed(responses[3], INVALID, message)
+    assert failed(responses[4], INVALID, f"{embedding.TRUNCATE} has 2 flags for 1 texts")
+    # The others of the same batch are answered; the cut text has the model's 256 pieces.
+    assert output(responses[1], embedding.TOKENS).tolist() == [[8]]  # 5 words, ".", [CLS], [SEP]
+    assert output(responses[2], embedding.TOKENS).tolist() == [[limit], [8]]
+    if name == embedding.TOKENIZE_ENCODE:
+        from export.minilm import onnx_embeddings
+
+        want = onnx_embeddings(encoder_onnx[0], [OVER_LONG, short])  # cut at 256, as before
+        np.testing.assert_allclose(output(responses[2], embedding.EMBEDDING), want, atol=1e-5)
+    refused = {reason: series.value for reason, series in model.metrics._failures.items()}
+    assert refused == {"too_long": 2, "other": 1}
+
+
+def test_a_cut_vector_in_the_cache_never_answers_a_text_that_may_not_be_cut(encoder_onnx):
+    model = load(embedding.TOKENIZE_ENCODE)
+    (cut,) = model.execute([request(TEXT=texts(OVER_LONG), TRUNCATE=flags(True))])
+    assert output(cut, embedding.TOKENS).tolist() == [[embedding.MAX_TOKENS]]
+    (refused,) = model.execute([request(TEXT=texts(OVER_LONG))])
+    assert failed(refused, INVALID, f"text too long: {OVER_LONG_PIECES} word pieces")
+    # The reverse: a refused text stores nothing, and a short text is kept under each flag.
+    (again,) = model.execute([request(TEXT=texts(OVER_LONG), TRUNCATE=flags(True))])
+    vectors = [output(r, embedding.EMBEDDING) for r in (again, cut)]
+    np.testing.assert_array_equal(*vectors)
+    cache = model.cache_metrics.series
+    assert (cache["local"].value, cache["misses"].value) == (1, 2)
+
+
+def test_texts_as_batch_gives_every_row_the_request_flag():
+    model = load(embedding.TEXT_ROWS)
+    batch = np.array([b"a", b"b", b"c"], dtype=np.object_)
+    with_flag, without, wrong = model.execute(
+        [
+            request(input_text=batch, TRUNCATE=np.array([True])),
+            request(input_text=batch),
+            request(input_text=batch, TRUNCATE=np.array([True, False])),
+        ]
+    )
+    assert output(with_flag, embedding.TRUNCATE).tolist() == [[True]] * 3
+    assert output(without, embedding.TRUNCATE).tolist() == [[False]] * 3
+    assert output(with_flag, embedding.TEXT).shape == (3, 1)
+    assert failed(wrong, INVALID, f"{embedding.TRUNCATE} is one flag for all the texts")
