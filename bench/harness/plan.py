@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import model_config
-from bench.harness import inputs, variants
+from bench.harness import inputs, trace, variants
 from bench.peers import infinity
 from paths import MODEL_REPOSITORY
 from pipelines import classification, embedding
@@ -363,24 +363,70 @@ class Plan:
             for level in levels:
                 yield Case("triton", variant, model, protocol, "binary", "concurrency", level)
 
+    def cache_cases(self) -> list[Case]:
+        """Embed answered from its response cache: one repeated text, HTTP JSON (the peer's)."""
+        return [
+            Case("triton", variants.SERVED, EMBED, "http", "json", "concurrency", level, "repeated")
+            for level in self.cache_levels
+        ]
+
+    def traced_cases(self) -> list[Case]:
+        """The traced cases: the served configs with every request traced."""
+        return [
+            Case("triton", trace.VARIANT, model, protocol, "binary", "concurrency", level)
+            for model, protocol, level in self.traced
+        ]
+
+    def peer_cases(self, model: str) -> dict[str, list[Case]]:
+        """The FastAPI peer's cases for one model, then its null twin's: system -> cases."""
+        by_payload = self.peer_levels.get(model, {})
+        peer = [
+            Case("peer", "-", model, "http", payload, "concurrency", level)
+            for payload, levels in by_payload.items()
+            for level in levels
+        ]
+        if model == EMBED and "json" in by_payload:
+            # Beside infinity-emb, in its calling mode; and the mixed-length texts.
+            peer += [
+                Case("peer", "-", model, "http", "json", "concurrency", level, calls="async")
+                for level in self.infinity_levels
+            ]
+            peer += [mixed_case("peer", level) for level in self.mixed_levels]
+        null = [
+            Case("null-peer", "-", model, "http", payload, "concurrency", level)
+            for payload in by_payload
+            if payload in self.null_payloads
+            for level in self.null_levels
+        ]
+        return {"peer": peer, "null-peer": null}
+
+    def infinity_cases(self) -> list[Case]:
+        """infinity-emb's cases: short texts at its levels, then the mixed-length texts."""
+        return [
+            Case("infinity", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
+            for level in self.infinity_levels
+        ] + [mixed_case("infinity", level) for level in self.mixed_levels]
+
+    def openai_null_cases(self) -> list[Case]:
+        """The OpenAI client's ceiling, measured wherever infinity-emb is."""
+        if not (self.infinity_levels or self.mixed_levels):
+            return []
+        return [
+            Case("null-peer", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
+            for level in OPENAI_NULL_LEVELS
+        ]
+
+    def cases(self) -> list[Case]:
+        """Every case of one round but the rate levels (those depend on the round's results)."""
+        out = [c for name in (variants.SERVED, *self.others) for c in self.triton_cases(name)]
+        out += self.traced_cases() + self.cache_cases()
+        for model in self.peer_levels:
+            out += [c for cases in self.peer_cases(model).values() for c in cases]
+        return out + self.infinity_cases() + self.openai_null_cases()
+
     def size(self) -> int:
         """Load levels measured in one round (for progress and ETA)."""
-        n = sum(len(v) for v in self.main.values()) + len(self.infinity_levels)
-        n += sum(len(levels) for cases in self.others.values() for _, _, levels in cases)
-        peers = sum(len(v) for by_payload in self.peer_levels.values() for v in by_payload.values())
-        nulls = len(self.null_levels) * sum(
-            len(set(by_payload) & set(self.null_payloads))
-            for by_payload in self.peer_levels.values()
-        )
-        rates = len(self.rate_fractions) * len(self.rate_targets)
-        # infinity, and the FastAPI peer with async calls, at its levels; its null twin.
-        infinity = 2 * len(self.infinity_levels) + (
-            len(OPENAI_NULL_LEVELS) if self.infinity_levels or self.mixed_levels else 0
-        )
-        # embed, the FastAPI peer and infinity-emb over the mixed texts.
-        mixed = 3 * len(self.mixed_levels)
-        n += len(self.traced)
-        return n + rates + peers + nulls + len(self.cache_levels) + infinity + mixed
+        return len(self.cases()) + len(self.rate_fractions) * len(self.rate_targets)
 
 
 def mixed_case(system: str, level: int, variant: str = "-") -> Case:

@@ -19,14 +19,12 @@ from bench.harness.plan import (
     ENCODERS,
     MODELS,
     ONNX,
-    OPENAI_NULL_LEVELS,
     RATE_STABILITY_PERCENT,
     RATE_WINDOW_REQUESTS,
     STATS_MODELS,
     TEXT_MODELS,
     Case,
     Plan,
-    mixed_case,
     perf_args,
 )
 from bench.harness.servers import (
@@ -304,12 +302,8 @@ class Runner:
         if not self.plan.cache_levels:
             return
         self._configure(triton, variant, cache=True)
-        for level in self.plan.cache_levels:
-            # JSON over HTTP: the payload the peer gets, for an equal-p99 row.
-            case = Case(
-                "triton", variant.name, embedding.ENSEMBLE, "http", "json", "concurrency", level
-            )
-            self._measure(r, dataclasses.replace(case, dataset="repeated"), repeated, triton)
+        for case in self.plan.cache_cases():
+            self._measure(r, case, repeated, triton)
 
     def _traced(self, round_: int, data: dict[str, Path], triton: TritonUnderTest) -> None:
         """The plan's traced cases: every request of the model traced while perf_analyzer runs.
@@ -318,12 +312,12 @@ class Runner:
         and after (the server idle) and kept with the row: the reference its per-step times are
         read against, measured seconds from them rather than minutes as the round's raw curves.
         """
-        for model, protocol, level in self.plan.traced:
-            case = Case("triton", trace.VARIANT, model, protocol, "binary", "concurrency", level)
+        for case in self.plan.traced_cases():
+            model = case.model
             stages: list[dict[str, float]] = []
             try:
                 self._revive(triton)
-                if level == 1:
+                if case.level == 1:
                     stages.append(measure_stages(self.server_cpus, self.plan.raw_seconds))
                 trace.set_tracing(triton.client, model, True, triton.server.admin_headers())
             except Exception as exc:  # noqa: BLE001 - its row says why; the run goes on
@@ -355,10 +349,7 @@ class Runner:
 
         If it cannot be installed or started, its rows and a note say why; the run goes on.
         """
-        cases = [
-            Case("infinity", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
-            for level in self.plan.infinity_levels
-        ] + [mixed_case("infinity", level) for level in self.plan.mixed_levels]
+        cases = self.plan.infinity_cases()
         server = None
         if self._infinity_failure is None:
             self.progress(f"  infinity-emb {infinity.VERSION} from {self.infinity_venv}")
@@ -381,10 +372,7 @@ class Runner:
                     self._measure(round_, case, source, url=server.url)
             finally:
                 server.stop()
-        null_cases = [
-            Case("null-peer", "-", EMBED, "http", "openai", "concurrency", level, calls="async")
-            for level in OPENAI_NULL_LEVELS
-        ]
+        null_cases = self.plan.openai_null_cases()
         null = infinity.NullOpenAIServer(cpus=self.server_cpus)
         with self._started(round_, null, null_cases, "null OpenAI server") as started:
             for case in null_cases if started else []:
@@ -472,31 +460,11 @@ class Runner:
         """Each peer model, then its null twin (the load generator's ceiling), per payload."""
         from bench.peers.microbatcher import PeerServer
 
-        for model, by_payload in self.plan.peer_levels.items():
+        for model, by_system in ((m, self.plan.peer_cases(m)) for m in self.plan.peer_levels):
             # classify runs the classifier's model.onnx behind its own decode and top-k.
             onnx_path = ENCODERS[EMBED] if model == EMBED else ONNX
-            null_levels = {
-                payload: self.plan.null_levels
-                for payload in by_payload
-                if payload in self.plan.null_payloads
-            }
-            for system, path, levels in (
-                ("peer", onnx_path, by_payload),
-                ("null-peer", None, null_levels),
-            ):
-                cases = [
-                    Case(system, "-", model, "http", payload, "concurrency", level)
-                    for payload, xs in levels.items()
-                    for level in xs
-                ]
-                if system == "peer" and model == EMBED and "json" in by_payload:
-                    cases += [
-                        Case(
-                            system, "-", model, "http", "json", "concurrency", level, calls="async"
-                        )
-                        for level in self.plan.infinity_levels
-                    ]
-                    cases += [mixed_case(system, level) for level in self.plan.mixed_levels]
+            for system, path in (("peer", onnx_path), ("null-peer", None)):
+                cases = by_system[system]
                 if not cases:
                     continue
                 peer = PeerServer(
