@@ -16,7 +16,7 @@ from bench.harness.plan import (
     Plan,
 )
 from bench.harness.runner import Runner
-from bench.harness.servers import machine
+from bench.harness.servers import REFERENCE_BATCHES, REFERENCED, machine
 from bench.peers import infinity
 from bench.report import attribution
 from bench.report.markdown import write_markdown
@@ -107,6 +107,17 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
         "their preprocessed pixels (classifier) and real logits (postprocess).",
         "Raw engine: the same model.onnx, the same preprocessing functions, in one process "
         "(`python -m bench.harness.raw`), images/s per batch size.",
+        *(
+            [
+                f"Raw pipeline beside each case: every case of {', '.join(REFERENCED)} and of "
+                "the pipeline peer runs between two readings of the raw pipeline at batch "
+                f"{' and '.join(map(str, REFERENCE_BATCHES))}, from a long-lived process on "
+                "the server's cores, and its ratios to the raw pipeline use their mean; of two "
+                "such cases in a row, the reading after the first is the one before the second.",
+            ]
+            if plan.raw and any(m in REFERENCED for m, _, _ in plan.main)
+            else []
+        ),
         "Peer: the same model.onnx behind FastAPI/uvicorn (uvloop, httptools, orjson) with an "
         "asyncio micro-batcher, driven by the same perf_analyzer with the same JSON payload "
         "(`--input-tensor-format json`); the null peer answers without running the model and "
