@@ -27,7 +27,8 @@ from export import text_samples
 
 EXAMPLES = """
 examples:
-  python -m bench perf                    # short run (durations: docs/performance.md)
+  python -m bench perf                    # every ratio the targets name (durations: docs/)
+  python -m bench perf --thorough         # and more levels, the other variants, every trace
   python -m bench perf --full             # every model, protocol, variant and level
   python -m bench perf --only embed-peers # embed, the FastAPI peer, infinity-emb: c=1/8/32
   python -m bench perf --only mixed       # the same three and the raw engine, mixed lengths
@@ -53,10 +54,19 @@ def add_parser(sub) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--thorough",
+        action="store_true",
+        help="the default's cases and the levels no target needs: classify at HTTP c=16, "
+        "classifier, embed and embed_graph at c=1, the no-batching and 2-instance variants, "
+        "a Poisson request-rate sweep, six traced cases, then the per-text cache "
+        "(docs/performance.md: how long each run takes)",
+    )
+    which.add_argument(
         "--full", action="store_true", help="run everything (its length: docs/performance.md)"
     )
-    p.add_argument(
+    which.add_argument(
         "--only",
         choices=("embed-peers", "mixed", "classify", "gateway", "container"),
         help="embed-peers: only embed, the FastAPI peer and infinity-emb at c=1/8/32; "
@@ -94,15 +104,20 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
         + ("the raw engine, then " if plan.raw else "")
         + "every Triton variant (order rotated each round), then the peer and the null peer"
         + (", then infinity-emb and its null twin" if plan.infinity_levels else "")
-        + "; ratios are taken within a round and reported as the median [min – max] over rounds.",
+        + "; ratios are taken within a round and reported as the median [min – max] over rounds"
+        + (" (one round: no spread)." if plan.rounds == 1 else "."),
         f"perf_analyzer: one process per load level, measurement window {plan.measurement_ms} ms, "
         f"stability {plan.stability_percent:g} % over 3 windows, at most "
-        f"{perf_analyzer.Run.max_trials} trials; p50/p99 are client-side latencies. "
-        "Request-rate sweeps use Poisson arrivals at fractions "
-        f"{plan.rate_fractions} of the throughput that the concurrency sweep of the same model "
-        f"and protocol reached in the same round, for {plan.rate_targets}; their windows "
-        f"count at least {RATE_WINDOW_REQUESTS} requests and stabilize within "
-        f"{RATE_STABILITY_PERCENT:g} % on throughput and average latency.",
+        f"{perf_analyzer.Run.max_trials} trials; p50/p99 are client-side latencies."
+        + (
+            " Request-rate sweeps use Poisson arrivals at fractions "
+            f"{plan.rate_fractions} of the throughput that the concurrency sweep of the same "
+            f"model and protocol reached in the same round, for {plan.rate_targets}; their "
+            f"windows count at least {RATE_WINDOW_REQUESTS} requests and stabilize within "
+            f"{RATE_STABILITY_PERCENT:g} % on throughput and average latency."
+            if plan.rate_fractions and plan.rate_targets
+            else ""
+        ),
         "Inputs: the six scikit-image/scikit-learn sample photos as JPEG (ensemble, preprocess), "
         "their preprocessed pixels (classifier) and real logits (postprocess).",
         "Raw engine: the same model.onnx, the same preprocessing functions, in one process "
@@ -161,7 +176,11 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
         ),
         "Variants (each loaded into a fresh server with the model-control API and config "
         "overrides, no repository copy): "
-        + "; ".join(f"**{v.name}**: {v.description}" for v in variants.standard(threads)),
+        + "; ".join(
+            f"**{v.name}**: {v.description}"
+            for v in variants.standard(threads)
+            if v.name == variants.SERVED or v.name in plan.others
+        ),
     ]
 
 
@@ -179,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
             plan = Plan.mixed()
         elif args.only == "classify":
             plan = Plan.classify()
+        elif args.full:
+            plan = Plan.full()
         else:
-            plan = Plan.full() if args.full else Plan.short()
+            plan = Plan.thorough() if args.thorough else Plan.short()
         if args.rounds:
             plan.rounds = args.rounds
         server_cpus, client_cpus = affinity.chosen(args.server_cpus, args.client_cpus)

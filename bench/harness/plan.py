@@ -59,6 +59,11 @@ TRACED = [(classification.ENSEMBLE, p, level) for p in ("grpc", "http") for leve
 ]
 
 
+# The default run traces one case: the ensemble at 1 over gRPC, where its serving overhead per
+# step is read; the thorough run traces them all.
+TRACED_ONE = [(classification.ENSEMBLE, "grpc", 1)]
+
+
 # Models whose statistics points.csv has columns for (formed batches, time in the server); each
 # server is asked about those it loads (``stats_models``): embed's steps depend on the configs.
 STATS_MODELS = (
@@ -106,16 +111,19 @@ ENCODERS = {
 }
 
 
-def classify_served() -> dict[tuple[str, str, str], list[int]]:
+def classify_served(
+    http: tuple[int, ...] = (1, 8, 16, 32),
+) -> dict[tuple[str, str, str], list[int]]:
     """Both ways classify is served (the ensemble and the fused model), at the levels it needs.
 
-    At 1, at saturation and at the peer's levels: what its targets need. Fresh lists each call,
-    so that a plan may change its own.
+    gRPC at 1 and at saturation; HTTP at 1 and the pipeline peer's levels (8 and 32, where it
+    saturates too), with 16 beside them unless ``http`` leaves it out: what its targets need.
+    Fresh lists each call, so that a plan may change its own.
     """
     return {
-        (model, protocol, "binary"): levels
+        (model, protocol, "binary"): list(levels)
         for model in (classification.ENSEMBLE, classification.FUSED)
-        for protocol, levels in (("grpc", [1, 16]), ("http", [1, 8, 16, 32]))
+        for protocol, levels in (("grpc", (1, 16)), ("http", http))
     }
 
 
@@ -148,10 +156,11 @@ class Case:
 
 @dataclass
 class Plan:
-    """What a run measures. ``short()``: the default run, infinity-emb's rows included.
+    """What a run measures. ``short()``: the default run, every ratio the targets name.
 
-    Those add 12 load levels (2 of them mixed-length) and one infinity-emb start per round, and
-    its installation on first use; ``full()`` is everything. How long each takes:
+    ``thorough()`` adds the levels and variants no target needs, every traced case and the
+    per-text cache; ``full()`` is everything. Each includes infinity-emb's rows: one start per
+    round, and its installation on first use. How long each takes:
     docs/performance.md#how-long-a-run-takes.
     """
 
@@ -194,7 +203,43 @@ class Plan:
 
     @classmethod
     def short(cls) -> Plan:
-        """The default: the numbers every target needs, twice, interleaved."""
+        """The default: the levels every target needs, in one round.
+
+        Each case feeds a ratio of docs/performance.md's targets or a figure it quotes; what
+        ``thorough()`` measures besides them has no target (tests/unit/test_plan.py checks both).
+        Every ratio is still taken within the round; one round is what fits the default's time
+        budget here (docs/performance.md#how-long-a-run-takes), and ``--rounds 2`` adds the
+        spread. The peers, infinity-emb and the mixed-length rows are the thorough run's.
+        """
+        plan = cls.thorough()
+        plan.rounds = 1
+        plan.main = {
+            # HTTP at saturation is read at 8 and 32, the pipeline peer's levels.
+            **classify_served(http=(1, 8, 32)),
+            (classification.CLASSIFIER, "grpc", "binary"): [16],
+            (classification.CLASSIFIER, "http", "binary"): [16],
+            (classification.CLASSIFIER, "http", "json"): [16],
+            (classification.PREPROCESS, "grpc", "binary"): [16],
+            (classification.POSTPROCESS, "grpc", "binary"): [16],
+            # Saturation on short texts, and INT8 beside it.
+            (embedding.ENSEMBLE, "grpc", "binary"): [16],
+            (embedding.ENSEMBLE, "http", "json"): [1, 8, 32],
+            ("embed_int8", "grpc", "binary"): [16],
+            (embedding.GRAPH_ENSEMBLE, "grpc", "binary"): [16],
+            (embedding.GRAPH_ENSEMBLE, "http", "json"): [1, 8, 32],
+        }
+        # The other variants and the Poisson sweep name no target.
+        plan.others = {}
+        plan.rate_fractions, plan.rate_targets = [], []
+        # The classifier runs best in small batches here (docs/performance.md, "Batching").
+        plan.raw_model_batches = [1, 4, 8]
+        plan.traced = list(TRACED_ONE)
+        plan.text_cache = False  # python -m bench.text_cache, or --thorough
+        return plan
+
+    @classmethod
+    def thorough(cls) -> Plan:
+        """The default run before 2026-12-04, then the per-text cache (docs/performance.md)."""
         return cls(
             rounds=2,
             main={

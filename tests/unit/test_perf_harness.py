@@ -141,18 +141,6 @@ def test_cores_are_split_between_server_and_load_generator():
     assert affinity.split(server_cores=1, cores=[0, 1, 2]) == ([2], [0, 1])
 
 
-def test_short_plan_covers_every_metric_and_stays_small():
-    plan = Plan.short()
-    # 16 of them per round: infinity-emb, its twins and the mixed-length rows; 6 traced; 12
-    # for classify_fused beside the ensemble and the pipeline peer.
-    assert plan.size() * plan.rounds <= 140
-    assert {model for model, _, _ in plan.traced} == {classification.ENSEMBLE, classification.FUSED}
-    cases = [c for v in ("batching", "no-batching", "instances-2") for c in plan.triton_cases(v)]
-    assert {c.model for c in cases} == {*MODELS, *TEXT_MODELS}
-    assert {c.protocol for c in cases} == {"grpc", "http"}
-    assert Plan.full().size() > plan.size()
-
-
 def point(throughput, p99, p50=None):
     return {"throughput": throughput, "p99_ms": p99, "p50_ms": p50 or p99 / 2}
 
