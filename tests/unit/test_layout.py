@@ -47,6 +47,7 @@ def test_the_repository_keeps_its_import_contracts():
         ("processes", "server"),  # the process manager serves every room and knows none
         ("paths", "pipelines"),  # the paths module names places, it imports nothing of ours
         ("gateway", "server.__main__"),  # a command's __main__ is run, never imported
+        ("containers", "gateway.nginx.__main__"),  # the layers allow it; the commands rule not
         (
             "export",
             "export.tensorrt",
@@ -83,9 +84,10 @@ def skeleton(root: Path) -> None:
         (root / name).mkdir()
         (root / name / "__init__.py").write_text("")
         (root / name / "__main__.py").write_text("")  # the contract names them
-    (root / "export" / "tensorrt").mkdir()
-    for module in ("__init__", "__main__"):
-        (root / "export" / "tensorrt" / f"{module}.py").write_text("")
+    for sub in ("export/tensorrt", "gateway/nginx"):  # commands of their own
+        (root / sub).mkdir()
+        for module in ("__init__", "__main__"):
+            (root / sub / f"{module}.py").write_text("")
     for module in layout.EXPORT_MODULES:
         (root / "export" / f"{module}.py").touch()
 
