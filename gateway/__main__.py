@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.nginx.config import OpenAI, find_js_module, find_nginx
+from gateway.nginx.config import TLS, OpenAI, find_js_module, find_nginx
 from gateway.nginx.process import Nginx
 from gateway.shaping import load_limits
 from pipelines import embedding
@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         type=Path,
         help="token buckets per tenant and model (docker/nginx/limits.toml); default: none",
     )
+    serve.add_argument("--tls-cert", type=Path, help="PEM certificate: both ports TLS only")
+    serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     return parser.parse_known_args(argv)
 
 
@@ -66,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         find_nginx()
         find_js_module()
         limits = load_limits(args.limits) if args.limits else None
+        tls = None
+        if args.tls_cert or args.tls_key:
+            if not (args.tls_cert and args.tls_key):
+                raise ValueError("--tls-cert and --tls-key go together")
+            for path in (args.tls_cert, args.tls_key):
+                path.resolve(strict=True)  # FileNotFoundError naming it
+            tls = TLS(str(args.tls_cert.resolve()), str(args.tls_key.resolve()))
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             limits=limits,
             openai=OpenAI(),
+            tls=tls,
         )
         return nginx, lambda: banner(nginx, args.limits)
 
@@ -90,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
 def banner(nginx: Nginx, limits: Path | None) -> str:
     """The gateway's lines of the launcher's banner."""
     shaping = f"token buckets of {limits}" if limits else "no token buckets"
+    scheme, grpc = ("http", "gRPC") if nginx.gateway.tls is None else ("https", "gRPC over TLS")
     return (
-        f"  OpenAI   http://{nginx.http_url}/v1 "
+        f"  OpenAI   {scheme}://{nginx.http_url}/v1 "
         f"(embeddings: {', '.join(embedding.OPENAI_MODELS)})\n"
-        f"  gateway  http://{nginx.http_url}/v2, gRPC {nginx.grpc_url} ({shaping})\n"
+        f"  gateway  {scheme}://{nginx.http_url}/v2, {grpc} {nginx.grpc_url} ({shaping})\n"
     )
 
 

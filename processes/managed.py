@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -200,10 +201,16 @@ class ManagedProcess:
     def _guard_args(self) -> list[str]:
         return [str(self.process.pid), str(self.guard_grace_s)]
 
+    # For an https ``ready_url``: how the probe checks the process's certificate (None: as
+    # urllib does, against the system's CAs).
+    ready_context: ssl.SSLContext | None = None
+
     def is_ready(self, timeout_s: float = 2.0) -> bool:
         """True if ``ready_url`` answers 200 within ``timeout_s``."""
         try:
-            with urllib.request.urlopen(self.ready_url, timeout=timeout_s) as response:
+            with urllib.request.urlopen(
+                self.ready_url, timeout=timeout_s, context=self.ready_context
+            ) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False

@@ -20,6 +20,7 @@ from gateway.nginx.config import (
     SCRIPTS,
     SCRIPTS_DIR,
     SHAPING_LOG,
+    TLS,
     Clients,
     Gateway,
     Listen,
@@ -92,6 +93,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a client address or CIDR block that may read model configs and statistics "
         "(perf_analyzer needs both; repeatable); default: nobody",
     )
+    r.add_argument("--tls-cert", help="PEM certificate (chain): both ports speak TLS only")
+    r.add_argument("--tls-key", help="PEM private key of --tls-cert")
     r.add_argument(
         "--shaping-log",
         default=SHAPING_LOG,
@@ -113,12 +116,16 @@ def gateway(args: argparse.Namespace) -> Gateway:
         Runtime(args.workers, args.user, args.js_module, args.js_dir),
         shaping=Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
         openai=OpenAI() if args.openai else None,
+        tls=TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the config; with ``--check``, exit 1 if ``nginx -t`` refuses it."""
     args = parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("--tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
     text = render(gateway(args))
     if args.check:
         try:

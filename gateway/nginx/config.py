@@ -35,6 +35,7 @@ __all__ = [
     "SCRIPTS_DIR",
     "SERVED",
     "SHAPING_LOG",
+    "TLS",
     "USER_ID_HEADER",
     "Clients",
     "Gateway",
@@ -358,6 +359,31 @@ class OpenAI:
 
 
 @dataclass(frozen=True)
+class TLS:
+    """Both listeners over TLS (HTTPS, and gRPC over TLS), with this certificate and key.
+
+    With TLS on, the ports speak nothing else: a plain-text client gets nginx's 400 (HTTP) or
+    a failed handshake (gRPC). Only TLS 1.2 and 1.3; on 1.2 only ECDHE key exchange with an
+    AEAD cipher, so every session has forward secrecy (Mozilla's "intermediate" profile, which
+    every client of the last years meets); 1.3's suites are all of that kind.
+
+    Attributes:
+        certificate: PEM file: the server's certificate, then any intermediates, as nginx
+            reads it where it runs.
+        key: PEM file of its private key.
+    """
+
+    certificate: str
+    key: str
+    protocols: str = "TLSv1.2 TLSv1.3"
+    ciphers: str = ":".join(
+        f"ECDHE-{auth}-{cipher}"
+        for cipher in ("AES128-GCM-SHA256", "AES256-GCM-SHA384", "CHACHA20-POLY1305")
+        for auth in ("ECDSA", "RSA")
+    )
+
+
+@dataclass(frozen=True)
 class Gateway:
     """Everything the nginx config is rendered from.
 
@@ -368,6 +394,7 @@ class Gateway:
         runtime: nginx's workers, user, njs module and scripts.
         shaping: token buckets per tenant and model; None: no shaping.
         openai: serve OpenAI's embeddings API (/v1/embeddings, /v1/models) too; None: not.
+        tls: both listeners over TLS only; None: plain HTTP and HTTP/2 cleartext.
     """
 
     upstreams: Upstreams
@@ -376,6 +403,7 @@ class Gateway:
     runtime: Runtime = Runtime()
     shaping: Shaping | None = None
     openai: OpenAI | None = None
+    tls: TLS | None = None
 
 
 _TEMPLATES = jinja2.Environment(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import ssl
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from gateway.nginx.config import (
     SHAPING_LOG,
+    TLS,
     Clients,
     Gateway,
     Listen,
@@ -56,6 +58,7 @@ class Nginx(ManagedProcess):
         conns_per_client: int = 64,
         client_timeout: str = "10s",
         operators: Sequence[str] = (),
+        tls: TLS | None = None,
     ):
         super().__init__(log_path)
         self.binary = find_nginx()
@@ -77,7 +80,14 @@ class Nginx(ManagedProcess):
             Runtime(workers=workers, user=user),
             shaping=None if limits is None else Shaping(limits),
             openai=openai,
+            tls=tls,
         )
+        if tls is not None:
+            # The readiness probe asks nginx itself, on loopback, whether it serves: it checks
+            # no certificate (which clients check against their own CAs).
+            self.ready_context = ssl.create_default_context()
+            self.ready_context.check_hostname = False
+            self.ready_context.verify_mode = ssl.CERT_NONE
         self.prefix: Path | None = None
 
     @property
@@ -93,7 +103,8 @@ class Nginx(ManagedProcess):
     @property
     def ready_url(self) -> str:
         """The URL of nginx's own readiness location (not the upstreams')."""
-        return f"http://{self.http_url}/nginx-ready"
+        scheme = "http" if self.gateway.tls is None else "https"
+        return f"{scheme}://{self.http_url}/nginx-ready"
 
     @property
     def shaping_log(self) -> Path:

@@ -51,6 +51,7 @@ TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 OPERATOR_FILE = "docker-compose.operator.yml"
 GPU_FILE = "docker-compose.gpu.yml"
 CPU_FILE = "docker-compose.cpu.yml"
+TLS_FILE = "docker-compose.tls.yml"
 ENGINE_CACHE = "/engines"
 ENTRYPOINT_MODULE = ["python3", "-m", "server.container"]
 # Pins that may differ from requirements.txt, and why (the container has Python 3.10).
@@ -856,6 +857,26 @@ def test_the_operator_file_binds_tritons_ports_to_loopback_only():
     assert result.returncode == 0, result.stderr
     triton = json.loads(result.stdout)["services"]["triton"]
     assert published(triton) == {("127.0.0.1", port) for port in TRITON_PORTS.values()}
+
+
+def test_the_tls_file_mounts_the_certificate_and_key_into_the_gateway_as_secrets(tmp_path):
+    cert, key = tmp_path / "fullchain.pem", tmp_path / "key.pem"
+    env = {**REQUIRED, "GATEWAY_TLS_CERT": str(cert), "GATEWAY_TLS_KEY": str(key)}
+    result = compose("config", "--format", "json", extra=COMPOSE.with_name(TLS_FILE), env=env)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert {name: s["file"] for name, s in config["secrets"].items()} == {
+        "gateway_tls_cert": str(cert),
+        "gateway_tls_key": str(key),
+    }
+    services = config["services"]
+    assert {s["source"] for s in services["gateway"]["secrets"]} == set(config["secrets"])
+    assert "https://localhost:8080/nginx-ready" in services["gateway"]["healthcheck"]["test"]
+    # The render command reads the secrets' paths where GATEWAY_TLS is set (the unit tests of
+    # the gateway run it both ways).
+    assert services["gateway-config"]["environment"]["GATEWAY_TLS"] == "on"
+    without = compose("config", "--quiet", extra=COMPOSE.with_name(TLS_FILE))
+    assert without.returncode != 0 and "set GATEWAY_TLS_CERT" in without.stderr
 
 
 def test_grafana_will_not_start_on_its_default_password():

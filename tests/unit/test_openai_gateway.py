@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.harness.pki import make_pki
 from gateway.nginx.config import (
     SCRIPTS,
     SCRIPTS_DIR,
@@ -104,20 +105,27 @@ def image_files(root: Path) -> Path:
 
 
 def run_render(
-    command: str, tmp_path: Path, binary: str, limits: Path | None = None
+    command: str, tmp_path: Path, binary: str, limits: Path | None = None, tls: bool = False
 ) -> subprocess.CompletedProcess:
     """Run a deployment's render command here, with its paths moved under ``tmp_path``.
 
     ``limits`` is the file mounted as the limits (default: the committed one with secret keys);
-    a render that succeeds is checked with ``nginx -t``.
+    ``tls`` sets compose's GATEWAY_TLS. Certificates made here stand in for the mounted ones,
+    and a render that succeeds is checked with ``nginx -t`` (which reads them).
     """
     app = image_files(tmp_path)
     out = tmp_path / "gateway"
     out.mkdir()
     if limits is None:
         limits = limits_with_secret_keys(tmp_path / "limits.toml")
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(tmp_path / "pki")
     here = {  # in this order: /gateway is also part of the limits' path
         "/etc/gateway/limits.toml": str(limits),
+        "/run/secrets/gateway_tls_cert": str(pki.certificate),
+        "/run/secrets/gateway_tls_key": str(pki.key),
+        "/etc/gateway/tls/tls.crt": str(pki.certificate),
+        "/etc/gateway/tls/tls.key": str(pki.key),
         "/gateway": str(out),
         IMAGE_MODULE: find_js_module(),
         # This environment's Python; `-m` imports from the working directory: the copy.
@@ -129,7 +137,9 @@ def run_render(
     }
     for old, new in here.items():
         command = command.replace(old, new)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GATEWAY_TLS")}
+    if tls:
+        env["GATEWAY_TLS"] = "on"
     done = subprocess.run(["sh", "-c", command], cwd=app, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         return done
@@ -146,7 +156,7 @@ def compose_render() -> str:
     compose = yaml.safe_load((REPO / "docker" / "docker-compose.yml").read_text())
     (command,) = compose["services"]["gateway-config"]["command"]
     assert "--openai" in command and IMAGE_MODULE in command
-    return command
+    return command.replace("$$", "$")  # compose's escape of a shell variable
 
 
 def kubernetes_render() -> str:
@@ -158,10 +168,11 @@ def kubernetes_render() -> str:
     (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
     (command,) = init["args"]
     assert init["command"] == ["/bin/sh", "-c"] and "--openai" in command
-    # The limits Secret is not optional: without it the pod waits instead of serving unshaped.
-    (limits,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
-    assert limits["secret"]["secretName"] == "gateway-limits"
-    assert not limits["secret"].get("optional", False)
+    # The Secrets are not optional: without them the pod waits instead of serving unshaped, or
+    # in plain text.
+    secrets = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert {v["secret"]["secretName"] for v in secrets} == {"gateway-limits", "gateway-tls"}
+    assert not any(v["secret"].get("optional", False) for v in secrets)
     return command
 
 
@@ -172,6 +183,19 @@ RENDERS = {"compose": compose_render, "kubernetes": kubernetes_render}
 def test_the_deployments_gateway_renders_from_the_image_alone(nginx_binary, tmp_path, where):
     done = run_render(RENDERS[where](), tmp_path, nginx_binary)
     assert done.returncode == 0, done.stderr
+    text = (tmp_path / "gateway" / "nginx.conf").read_text()
+    # Kubernetes serves TLS only, from its Secret; compose in plain text unless asked.
+    tls = where == "kubernetes"
+    assert ("listen 0.0.0.0:8080 ssl;" in text) == tls
+    assert ("listen 0.0.0.0:8081 ssl http2;" in text) == tls
+
+
+def test_compose_with_its_tls_file_renders_tls_from_the_mounted_secrets(nginx_binary, tmp_path):
+    done = run_render(compose_render(), tmp_path, nginx_binary, tls=True)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "gateway" / "nginx.conf").read_text()
+    assert "listen 0.0.0.0:8080 ssl;" in text and "listen 0.0.0.0:8081 ssl http2;" in text
+    assert f"ssl_certificate {tmp_path / 'pki' / 'server.pem'};" in text
 
 
 @pytest.mark.parametrize("where", RENDERS)
