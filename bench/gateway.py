@@ -11,7 +11,10 @@ concurrency:
   ``embed_with_tokens`` (the same steps, and each text's word pieces), answered as floats;
 * ``openai-b64``: the same, answered in base64 (what OpenAI's SDK asks by default);
 * ``triton-grpc`` and ``nginx-grpc``: ``embed`` over gRPC, straight and through the gateway
-  (which reads the model name from each body, written to a file as it arrives).
+  (which reads the model name from each body, written to a file as it arrives);
+* ``nginx-tls`` and ``nginx-grpc-tls``: ``nginx`` and ``nginx-grpc`` through a second gateway
+  that speaks TLS only (a certificate of a CA made for the run, which perf_analyzer trusts);
+  the table's last lines give TLS ÷ plain.
 
 The response cache is off for both models (perf_analyzer repeats its texts). Systems are
 interleaved within each round, so a busy machine slows each alike; the table gives texts/s and
@@ -36,7 +39,8 @@ import tritonclient.http as httpclient
 
 from bench.harness import affinity, compare, inputs, variants
 from bench.harness import perf_analyzer as pa
-from gateway.nginx.config import OpenAI
+from bench.harness.pki import make_pki
+from gateway.nginx.config import TLS, OpenAI
 from gateway.nginx.process import Nginx
 from paths import MODEL_REPOSITORY
 from pipelines import embedding
@@ -44,9 +48,14 @@ from server import Server, ServerConfig
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("triton", "nginx", "openai", "openai-b64", "triton-grpc", "nginx-grpc")
+SYSTEMS = (
+    "triton", "nginx", "nginx-tls", "openai", "openai-b64",
+    "triton-grpc", "nginx-grpc", "nginx-grpc-tls",
+)  # fmt: skip
 # What each system's ratio is to: the same protocol straight to Triton.
-BASE = {"triton-grpc": "triton-grpc", "nginx-grpc": "triton-grpc"}
+BASE = {"triton-grpc": "triton-grpc", "nginx-grpc": "triton-grpc", "nginx-grpc-tls": "triton-grpc"}
+# TLS ÷ plain: each TLS system and its plain-text twin.
+PLAIN = {"nginx-tls": "nginx", "nginx-grpc-tls": "nginx-grpc"}
 MODELS = (embedding.ENSEMBLE, embedding.OPENAI_MODELS[embedding.ENSEMBLE])
 
 
@@ -63,7 +72,15 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_ms: int):
+def runs(
+    server: Server,
+    nginx: Nginx,
+    tls: Nginx,
+    ca: Path,
+    data: dict[str, Path],
+    cpus,
+    measurement_ms: int,
+):
     """The perf_analyzer run of each system (levels are given per measurement)."""
     common = {
         "protocol": "http",
@@ -73,6 +90,13 @@ def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_
     }
     openai = {**common, "extra": ["--service-kind=openai", "--endpoint=v1/embeddings", "--async"]}
     grpc = {**common, "protocol": "grpc"}
+    # perf_analyzer checks the TLS gateway's certificate against the run's own CA.
+    https = [
+        "--ssl-https-verify-peer=1",
+        "--ssl-https-verify-host=2",
+        f"--ssl-https-ca-certificates-file={ca}",
+    ]
+    grpcs = ["--ssl-grpc-use-ssl", f"--ssl-grpc-root-certifications-file={ca}"]
     return {
         "triton": pa.Run(embedding.ENSEMBLE, server.http_url, input_data=data["kserve"], **common),
         "nginx": pa.Run(embedding.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common),
@@ -84,6 +108,18 @@ def runs(server: Server, nginx: Nginx, data: dict[str, Path], cpus, measurement_
             embedding.ENSEMBLE, server.grpc_url, input_data=data["kserve"], **grpc
         ),
         "nginx-grpc": pa.Run(embedding.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc),
+        "nginx-tls": pa.Run(
+            embedding.ENSEMBLE,
+            f"https://{tls.http_url}",
+            input_data=data["kserve"],
+            **{**common, "extra": [*common["extra"], *https]},
+        ),
+        "nginx-grpc-tls": pa.Run(
+            embedding.ENSEMBLE,
+            tls.grpc_url,
+            input_data=data["kserve"],
+            **{**grpc, "extra": [*grpc["extra"], *grpcs]},
+        ),
     }
 
 
@@ -125,21 +161,31 @@ def main(argv: list[str] | None = None) -> int:
         # Every client here is 127.0.0.1: no per-address cap below the highest level.
         conns = 4 * max(levels)
         # perf_analyzer reads the model's config and statistics: this machine is the operator.
-        with Nginx(
-            [server.http_url],
-            [server.grpc_url],
-            openai=OpenAI(),
-            conns_per_client=conns,
-            operators=["127.0.0.1"],
-        ) as nginx:
-            log.info("%s", affinity.pin_and_report("nginx", nginx.process.pid, server_cpus))
+        pki = make_pki(Path(tmp))
+        gateway = {
+            "openai": OpenAI(),
+            "conns_per_client": conns,
+            "operators": ["127.0.0.1"],
+        }
+        with (
+            Nginx([server.http_url], [server.grpc_url], **gateway) as nginx,
+            Nginx(
+                [server.http_url],
+                [server.grpc_url],
+                tls=TLS(str(pki.certificate), str(pki.key)),
+                **gateway,
+            ) as tls,
+        ):
+            for name, front in (("nginx", nginx), ("nginx-tls", tls)):
+                log.info("%s", affinity.pin_and_report(name, front.process.pid, server_cpus))
             log.info("server and nginx on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
-            by_system = runs(server, nginx, data, load_cpus, args.measurement_ms)
-            nginx_pid, triton_pid = nginx.process.pid, server.process.pid
+            by_system = runs(server, nginx, tls, pki.ca, data, load_cpus, args.measurement_ms)
+            triton_pid = server.process.pid
             for r in range(args.rounds):
                 order = SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]
                 for level in levels:
                     for system in order:
+                        nginx_pid = (tls if system in PLAIN else nginx).process.pid
                         began = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
                         point = pa.measure(by_system[system], level)
                         ended = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
@@ -178,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{system:11s} {level:<5d} {rates:23s} {p99s:23s} {rate / base:5.2f}x"
                 f"  {100 * nginx_share:4.1f}%  {per_text:.2f}"
             )
+    print("\nTLS ÷ plain, texts/s (medians over rounds; the same gateway config but TLS)")
+    for system, plain in PLAIN.items():
+        for level in levels:
+            got, base = (
+                statistics.median(p.throughput for p in points[(s, level)]) for s in (system, plain)
+            )
+            print(f"{system:15s} c={level:<4d} {got / base:.2f}x")
     return 0
 
 

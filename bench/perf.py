@@ -24,6 +24,7 @@ from bench.report.metrics import metric_table
 from bench.report.plots import write_plots
 from bench.report.points import load
 from export import text_samples
+from pipelines import embedding
 
 EXAMPLES = """
 examples:
@@ -160,7 +161,8 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
                 "`export.text_samples.mixed_texts`: "
                 f"{1 - text_samples.MIXED_PASSAGE_SHARE:.0%} single sentences, "
                 f"{text_samples.MIXED_PASSAGE_SHARE:.0%} passages of "
-                f"{shortest}-{longest} words), one per request, at concurrency "
+                f"{shortest}-{longest} words; only those within {embedding.MAX_TOKENS} word "
+                "pieces, which embed takes without TRUNCATE), one per request, at concurrency "
                 f"{plan.mixed_levels} to embed (response cache off), the FastAPI peer and "
                 "infinity-emb, with asynchronous calls, windows of at least "
                 f"{MIXED_WINDOW_REQUESTS} requests (4x the concurrency where more) and "
