@@ -15,23 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.nginx.config import (
-    JS_MODULES,
-    SCRIPTS,
-    SCRIPTS_DIR,
-    SHAPING_LOG,
-    TLS,
-    Clients,
-    Gateway,
-    Listen,
-    OpenAI,
-    Runtime,
-    Shaping,
-    Upstreams,
-    check_config,
-    operator_network,
-    render,
-)
+from gateway.nginx import config
 from gateway.shaping import LIMITS, load_limits
 from paths import REPO_ROOT
 
@@ -77,17 +61,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument(
         "--js-module",
         help="path of nginx's njs module where nginx runs (default: found here, e.g. "
-        f"{JS_MODULES[0]}; the nginx image has {JS_MODULES[1]})",
+        f"{config.JS_MODULES[0]}; the nginx image has {config.JS_MODULES[1]})",
     )
     r.add_argument(
         "--js-dir",
-        default=str(SCRIPTS_DIR),
-        help=f"the folder where nginx finds {' and '.join(SCRIPTS)} (default: this checkout's)",
+        default=str(config.SCRIPTS_DIR),
+        help=f"the folder where nginx finds {' and '.join(config.SCRIPTS)} "
+        "(default: this checkout's)",
     )
     r.add_argument(
         "--operator",
         action="append",
-        type=operator_network,
+        type=config.operator_network,
         default=[],
         metavar="ADDRESS",
         help="a client address or CIDR block that may read model configs and statistics "
@@ -97,26 +82,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--tls-key", help="PEM private key of --tls-cert")
     r.add_argument(
         "--shaping-log",
-        default=SHAPING_LOG,
-        help=f"where nginx writes a JSON line per shaped request (default {SHAPING_LOG})",
+        default=config.SHAPING_LOG,
+        help=f"where nginx writes a JSON line per shaped request (default {config.SHAPING_LOG})",
     )
     return parser.parse_args(argv)
 
 
-def gateway(args: argparse.Namespace) -> Gateway:
+def gateway(args: argparse.Namespace) -> config.Gateway:
     """The config's context from the command line (reads the limits file)."""
-    return Gateway(
-        Upstreams(tuple(args.http), tuple(args.grpc)),
-        Listen(args.http_port, args.grpc_port, args.host),
-        Clients(
+    return config.Gateway(
+        config.Upstreams(tuple(args.http), tuple(args.grpc)),
+        config.Listen(args.http_port, args.grpc_port, args.host),
+        config.Clients(
             max_body=args.max_body,
             conns_per_client=args.conns_per_client,
             operators=tuple(args.operator),
         ),
-        Runtime(args.workers, args.user, args.js_module, args.js_dir),
-        shaping=Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
-        openai=OpenAI() if args.openai else None,
-        tls=TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        config.Runtime(args.workers, args.user, args.js_module, args.js_dir),
+        shaping=config.Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
+        openai=config.OpenAI() if args.openai else None,
+        tls=config.TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
     )
 
 
@@ -126,10 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("--tls-cert and --tls-key go together", file=sys.stderr)
         return 2
-    text = render(gateway(args))
+    text = config.render(gateway(args))
     if args.check:
         try:
-            check_config(text)
+            config.check_config(text)
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 1

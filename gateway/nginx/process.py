@@ -15,19 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gateway.nginx.config import (
-    SHAPING_LOG,
-    TLS,
-    Clients,
-    Gateway,
-    Listen,
-    OpenAI,
-    Runtime,
-    Shaping,
-    Upstreams,
-    find_nginx,
-    render,
-)
+from gateway.nginx import config
 from gateway.shaping import Limits
 from processes.managed import ManagedProcess
 
@@ -54,14 +42,14 @@ class Nginx(ManagedProcess):
         workers: int | str = "auto",
         log_path: Path | None = None,
         limits: Limits | None = None,
-        openai: OpenAI | None = None,
+        openai: config.OpenAI | None = None,
         conns_per_client: int = 64,
         client_timeout: str = "10s",
         operators: Sequence[str] = (),
-        tls: TLS | None = None,
+        tls: config.TLS | None = None,
     ):
         super().__init__(log_path)
-        self.binary = find_nginx()
+        self.binary = config.find_nginx()
         self.host = host
         self.http_port = http_port
         self.grpc_port = grpc_port
@@ -69,16 +57,16 @@ class Nginx(ManagedProcess):
         # prefix; keep them as the user we are.
         user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
         # The listen ports are those of prepare(), once the free ones are picked.
-        self.gateway = Gateway(
-            Upstreams(tuple(http_upstreams), tuple(grpc_upstreams)),
-            Listen(http_port, grpc_port, host),
-            Clients(
+        self.gateway = config.Gateway(
+            config.Upstreams(tuple(http_upstreams), tuple(grpc_upstreams)),
+            config.Listen(http_port, grpc_port, host),
+            config.Clients(
                 conns_per_client=conns_per_client,
                 timeout=client_timeout,
                 operators=tuple(operators),
             ),
-            Runtime(workers=workers, user=user),
-            shaping=None if limits is None else Shaping(limits),
+            config.Runtime(workers=workers, user=user),
+            shaping=None if limits is None else config.Shaping(limits),
             openai=openai,
             tls=tls,
         )
@@ -111,7 +99,7 @@ class Nginx(ManagedProcess):
         """The JSON lines of shaped requests (with ``limits``), inside the prefix."""
         if self.prefix is None:
             raise RuntimeError("nginx has not been prepared yet")
-        return self.prefix / SHAPING_LOG
+        return self.prefix / config.SHAPING_LOG
 
     @property
     def config_path(self) -> Path:
@@ -127,8 +115,8 @@ class Nginx(ManagedProcess):
         self.prefix = Path(tempfile.mkdtemp(prefix="nginx-"))
         (self.prefix / "tmp").mkdir()
         self.shaping_log.parent.mkdir()
-        listen = Listen(self.http_port, self.grpc_port, self.host)
-        self.config_path.write_text(render(replace(self.gateway, listen=listen)))
+        listen = config.Listen(self.http_port, self.grpc_port, self.host)
+        self.config_path.write_text(config.render(replace(self.gateway, listen=listen)))
 
     def command(self) -> list[str]:
         """``nginx -p PREFIX -c CONF -e stderr -g 'daemon off;'`` (in the foreground)."""

@@ -12,21 +12,11 @@ import pwd
 import pytest
 
 from gateway import shaping
-from gateway.nginx.config import (
-    Clients,
-    Gateway,
-    Listen,
-    OpenAI,
-    Runtime,
-    Shaping,
-    Upstreams,
-    check_config,
-    render,
-)
+from gateway.nginx import config
 
-ONE = Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
-SEVERAL = Upstreams(("127.0.0.1:9", "127.0.0.1:11", "127.0.0.1:13"), ("127.0.0.1:10",))
-LISTEN = Listen(18000, 18001)
+ONE = config.Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
+SEVERAL = config.Upstreams(("127.0.0.1:9", "127.0.0.1:11", "127.0.0.1:13"), ("127.0.0.1:10",))
+LISTEN = config.Listen(18000, 18001)
 # Everything the limits file allows that the committed one does not use: another header,
 # rates below one a second, keys of every allowed character, models without a bucket.
 ODD = shaping.parse_limits(
@@ -41,36 +31,40 @@ ODD = shaping.parse_limits(
     }
 )
 VARIANTS = {
-    "plain": Gateway(ONE, LISTEN),
-    "operators-and-user": Gateway(
+    "plain": config.Gateway(ONE, LISTEN),
+    "operators-and-user": config.Gateway(
         SEVERAL,
         LISTEN,
-        Clients(operators=("127.0.0.1", "10.1.2.3/8", "::1")),
-        Runtime(user=pwd.getpwuid(os.geteuid()).pw_name),
+        config.Clients(operators=("127.0.0.1", "10.1.2.3/8", "::1")),
+        config.Runtime(user=pwd.getpwuid(os.geteuid()).pw_name),
     ),
-    "odd-limits-openai": Gateway(SEVERAL, LISTEN, shaping=Shaping(ODD), openai=OpenAI()),
-    "anonymous-only": Gateway(
+    "odd-limits-openai": config.Gateway(
+        SEVERAL, LISTEN, shaping=config.Shaping(ODD), openai=config.OpenAI()
+    ),
+    "anonymous-only": config.Gateway(
         ONE,
         LISTEN,
-        shaping=Shaping(shaping.parse_limits({"anonymous": {"rate": 3, "capacity": 3}})),
+        shaping=config.Shaping(shaping.parse_limits({"anonymous": {"rate": 3, "capacity": 3}})),
     ),
 }
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_each_variant_passes_nginx_t_and_leaves_no_gaps(nginx_binary, name):
-    text = render(VARIANTS[name])
-    check_config(text, nginx_binary)
+    text = config.render(VARIANTS[name])
+    config.check_config(text, nginx_binary)
     # A section that is off leaves no line behind: no blank line opening a block, none doubled.
     assert "{\n\n" not in text and "\n\n\n" not in text
     assert all(line == line.rstrip() for line in text.splitlines())
 
 
 def test_operators_are_checked_addresses_and_every_server_is_tried_once():
-    text = render(VARIANTS["operators-and-user"])
+    text = config.render(VARIANTS["operators-and-user"])
     assert text.count("            allow 10.0.0.0/8;\n") == 2  # HTTP's and gRPC's
     assert "proxy_next_upstream_tries 3;" in text and "grpc_next_upstream_tries 3;" in text
     with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
-        render(Gateway(ONE, LISTEN, Clients(operators=("10.0.0.0/8; allow all",))))
+        config.render(
+            config.Gateway(ONE, LISTEN, config.Clients(operators=("10.0.0.0/8; allow all",)))
+        )
     with pytest.raises(ValueError, match="at least one server"):
-        Upstreams(("127.0.0.1:9",), ())
+        config.Upstreams(("127.0.0.1:9",), ())

@@ -20,38 +20,28 @@ import pytest
 import yaml
 
 from bench.harness.pki import make_pki
-from gateway.nginx.config import (
-    SCRIPTS,
-    SCRIPTS_DIR,
-    Gateway,
-    Listen,
-    OpenAI,
-    Runtime,
-    Shaping,
-    Upstreams,
-    check_config,
-    find_js_module,
-    render,
-)
+from gateway.nginx import config
 from gateway.shaping import LIMITS, load_limits
 from pipelines import embedding
 from tests.helpers import REPO, limits_with_secret_keys
 
-UPSTREAMS = Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
-LISTEN = Listen(18000, 18001)
+UPSTREAMS = config.Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
+LISTEN = config.Listen(18000, 18001)
 IMAGE_MODULE = "/etc/nginx/modules/ngx_http_js_module.so"
 
 
 @pytest.mark.parametrize("shaped", [False, True], ids=["plain", "shaped"])
 def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
-    shaping = Shaping(load_limits(LIMITS, placeholders=True)) if shaped else None
-    text = render(Gateway(UPSTREAMS, LISTEN, shaping=shaping, openai=OpenAI()))
-    check_config(text, nginx_binary)
+    shaping = config.Shaping(load_limits(LIMITS, placeholders=True)) if shaped else None
+    text = config.render(config.Gateway(UPSTREAMS, LISTEN, shaping=shaping, openai=config.OpenAI()))
+    config.check_config(text, nginx_binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
     assert f'set $openai_models "{" ".join(embedding.OPENAI_MODELS)}";' in text
     # The embedding's size comes from pipelines/embedding.py: the script does not retype it.
     assert f"set $openai_dimensions {embedding.HIDDEN_SIZE};" in text
-    assert not re.search(rf"\b{embedding.HIDDEN_SIZE}\b", (SCRIPTS_DIR / "openai.js").read_text())
+    assert not re.search(
+        rf"\b{embedding.HIDDEN_SIZE}\b", (config.SCRIPTS_DIR / "openai.js").read_text()
+    )
     for model, ensemble in embedding.OPENAI_MODELS.items():
         assert f"{model} {ensemble};" in text
     # Shaped, the OpenAI call takes the tenant's and the model's tokens before its body is
@@ -68,23 +58,23 @@ def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
     assert ("set $openai_shaping 1;" in text) == shaped
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", config.SCRIPTS)
 def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(nginx_binary, tmp_path, script):
-    for name in SCRIPTS:
-        shutil.copy(SCRIPTS_DIR / name, tmp_path / name)
-    runtime = Runtime(js_dir=str(tmp_path))
-    good = render(Gateway(UPSTREAMS, LISTEN, runtime=runtime, openai=OpenAI()))
-    check_config(good, nginx_binary)
+    for name in config.SCRIPTS:
+        shutil.copy(config.SCRIPTS_DIR / name, tmp_path / name)
+    runtime = config.Runtime(js_dir=str(tmp_path))
+    good = config.render(config.Gateway(UPSTREAMS, LISTEN, runtime=runtime, openai=config.OpenAI()))
+    config.check_config(good, nginx_binary)
     broken = (tmp_path / script).read_text().replace("function ", "function (", 1)
     (tmp_path / script).write_text(broken)
     with pytest.raises(ValueError, match="SyntaxError"):
-        check_config(good, nginx_binary)
+        config.check_config(good, nginx_binary)
 
 
 def test_without_openai_there_is_no_openai_api(nginx_binary):
-    shaping = Shaping(load_limits(LIMITS, placeholders=True))
-    text = render(Gateway(UPSTREAMS, LISTEN, shaping=shaping))
-    check_config(text, nginx_binary)
+    shaping = config.Shaping(load_limits(LIMITS, placeholders=True))
+    text = config.render(config.Gateway(UPSTREAMS, LISTEN, shaping=shaping))
+    config.check_config(text, nginx_binary)
     assert "js_import grpc from grpc.js;" in text  # gRPC's model routing, always
     assert "js_import openai" not in text and "/v1/" not in text
 
@@ -107,11 +97,11 @@ def image_files(root: Path) -> Path:
 def run_render(
     command: str, tmp_path: Path, binary: str, limits: Path | None = None, tls: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run a deployment's render command here, with its paths moved under ``tmp_path``.
+    """Run a deployment's config.render command here, with its paths moved under ``tmp_path``.
 
     ``limits`` is the file mounted as the limits (default: the committed one with secret keys);
     ``tls`` sets compose's GATEWAY_TLS. Certificates made here stand in for the mounted ones,
-    and a render that succeeds is checked with ``nginx -t`` (which reads them).
+    and a config.render that succeeds is checked with ``nginx -t`` (which reads them).
     """
     app = image_files(tmp_path)
     out = tmp_path / "gateway"
@@ -127,7 +117,7 @@ def run_render(
         "/etc/gateway/tls/tls.crt": str(pki.certificate),
         "/etc/gateway/tls/tls.key": str(pki.key),
         "/gateway": str(out),
-        IMAGE_MODULE: find_js_module(),
+        IMAGE_MODULE: config.find_js_module(),
         # This environment's Python; `-m` imports from the working directory: the copy.
         "python3 ": f"{shlex.quote(sys.executable)} ",
         # The image's nginx user; this machine's nginx -t runs as whoever runs the tests.
@@ -144,11 +134,11 @@ def run_render(
     if done.returncode != 0:
         return done
     text = (out / "nginx.conf").read_text()
-    for script in SCRIPTS:
-        assert (out / script).read_text() == (SCRIPTS_DIR / script).read_text()
+    for script in config.SCRIPTS:
+        assert (out / script).read_text() == (config.SCRIPTS_DIR / script).read_text()
     assert f'js_path "{out}";' in text
     assert "limit_req zone=tenant_team-a" in text  # the limits file was read
-    check_config(text, binary)
+    config.check_config(text, binary)
     return done
 
 
