@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -490,18 +490,32 @@ class Runner:
 
     def write_csv(self) -> tuple[Path, Path]:
         """points.csv (one line per measured case and round) and raw.csv."""
-        points = self.out_dir / "points.csv"
         lines = [row.flat() for row in self.rows]
-        with open(points, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(lines[0]))
-            writer.writeheader()
-            writer.writerows(lines)
-        raw = self.out_dir / "raw.csv"
-        with open(raw, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["round", "kind", "batch_size", "throughput"])
-            for r, result in enumerate(self.raw, 1):
-                for kind, curve in result.items():
-                    for bs, value in curve.items():
-                        writer.writerow([r, kind, bs, f"{value:.3f}"])
-        return points, raw
+        return write_csv(self.out_dir, lines, dict(enumerate(self.raw, 1)))
+
+
+def write_csv(
+    folder: Path, lines: list[dict], raw: Mapping[int, Mapping[str, Mapping[int, float]]]
+) -> tuple[Path, Path]:
+    """Write points.csv (one line per measured case and round) and raw.csv.
+
+    ``bench.report.points.load`` reads them back.
+
+    Args:
+        folder: where both go.
+        lines: the cases' flat rows, each with the same fields.
+        raw: round → kind → batch size → throughput of the raw engine.
+    """
+    points = folder / "points.csv"
+    with open(points, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]))
+        writer.writeheader()
+        writer.writerows(lines)
+    raw_csv = folder / "raw.csv"
+    with open(raw_csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["round", "kind", "batch_size", "throughput"])
+        for r, result in raw.items():
+            for kind, curve in result.items():
+                writer.writerows([r, kind, bs, f"{value:.3f}"] for bs, value in curve.items())
+    return points, raw_csv

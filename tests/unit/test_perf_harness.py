@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import csv
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from bench.harness.plan import (
     perf_args,
     stats_models,
 )
+from bench.harness.runner import write_csv
 from bench.harness.servers import measure_raw
 from bench.report.markdown import _metric_lines, write_markdown
 from bench.report.metrics import (
@@ -217,17 +217,7 @@ def recorded_rows(tmp_path: Path) -> tuple[list[dict], dict]:
         ]  # fmt: skip
     raw = {r: {"model": {1: 200.0, 4: 210.0, 8: 180.0}, "pipeline": {1: 140.0, 8: 130.0}}
            for r in (1, 2)}  # fmt: skip
-    points_csv, raw_csv = tmp_path / "points.csv", tmp_path / "raw.csv"
-    with open(points_csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(raw_csv, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["round", "kind", "batch_size", "throughput"])
-        for r, curves in raw.items():
-            for kind, curve in curves.items():
-                writer.writerows([r, kind, bs, v] for bs, v in curve.items())
+    points_csv, raw_csv = write_csv(tmp_path, rows, raw)
     return load(points_csv, raw_csv)
 
 

@@ -6,14 +6,13 @@ report's own CSV reader and ratios; nothing is started.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 
 from bench.harness import perf_analyzer, variants
 from bench.harness.plan import MODELS, TEXT_MODELS, Case, Plan
-from bench.harness.runner import Row
+from bench.harness.runner import Row, write_csv
 from bench.report.metrics import METRICS, TARGETS, metric_table
 from bench.report.points import load
 from pipelines import classification
@@ -66,18 +65,9 @@ def _raw_curves(plan: Plan) -> dict[str, list[int]]:
 
 def computable(plan: Plan, folder: Path) -> set[str]:
     """Names of the report's metrics and targets that a run of ``plan`` has a value for."""
-    points, raw = folder / "points.csv", folder / "raw.csv"
     lines = [row.flat() for row in _rows(plan)]
-    with open(points, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(lines[0]))
-        writer.writeheader()
-        writer.writerows(lines)
-    with open(raw, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["round", "kind", "batch_size", "throughput"])
-        for r in range(1, plan.rounds + 1):
-            for kind, batches in _raw_curves(plan).items():
-                writer.writerows([r, kind, b, 100.0 + b] for b in batches)
+    curves = {kind: {b: 100.0 + b for b in batches} for kind, batches in _raw_curves(plan).items()}
+    points, raw = write_csv(folder, lines, {r: curves for r in range(1, plan.rounds + 1)})
     rows, curves = load(points, raw)
     table = metric_table(rows, curves, METRICS + TARGETS)
     return {item["metric"].name for item in table if item["values"]}

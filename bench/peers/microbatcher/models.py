@@ -84,8 +84,10 @@ class ServedModel(abc.ABC):
     signature: Signature
     max_batch: int  # the default max_batch_size
     default_path: Path  # the ONNX file served when none is given
-    platform: str
-    backend: str
+    # What Triton would run it with: a Python-backend model (pre/post-processing in Python
+    # around onnxruntime) unless a subclass serves a bare ONNX graph.
+    platform: str = "python"
+    backend: str = "python"
 
     @property
     def taken(self) -> Tensor:
@@ -329,9 +331,6 @@ class EmbedModel(ServedModel):
     signature = embedding.SIGNATURES[embedding.ENSEMBLE]
     max_batch = 64
     default_path = DEFAULT_EMBED_MODEL
-    # Tokenizer and pooling in Python around onnxruntime: a Python-backend model in Triton.
-    platform = "python"
-    backend = "python"
 
     def json_data(self, data: object, shape: tuple[int, ...], convert: bool) -> list[str] | None:
         """Texts from JSON strings (None when not converting; their types are still checked)."""
@@ -393,8 +392,6 @@ class ClassifyModel(ServedModel):
     signature = classification.SIGNATURES[classification.ENSEMBLE]
     max_batch = 32
     default_path = DEFAULT_MODEL
-    platform = "python"
-    backend = "python"
     # A request's rows of a batch's result: one record per image.
     RESULT = np.dtype([("ids", np.int32, (classification.DEFAULT_TOP_K,)),
                        ("scores", np.float32, (classification.DEFAULT_TOP_K,))])  # fmt: skip
