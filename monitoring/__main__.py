@@ -21,12 +21,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    rules = commands.add_parser("rules", help="the SLO recording rules and burn-rate alerts")
-    rules.add_argument("--slos", type=Path, default=slo.SLOS, help="default: %(default)s")
-    rules.add_argument("--out", type=Path, default=slo.RULES, help="default: %(default)s")
-    rules.add_argument("--scale", type=float, default=1, help="divide every window by this")
-    rules.add_argument("--check", action="store_true", help="compare with --out, write nothing")
+    # One command so far: a positional word rather than subcommands.
+    parser.add_argument("command", choices=["rules"], help="the SLO rules and burn-rate alerts")
+    parser.add_argument("--slos", type=Path, default=slo.SLOS, help="default: %(default)s")
+    parser.add_argument("--out", type=Path, default=slo.RULES, help="default: %(default)s")
+    parser.add_argument("--scale", type=float, default=1, help="divide every window by this")
+    parser.add_argument("--check", action="store_true", help="compare with --out, write nothing")
     args = parser.parse_args(argv)
     outputs = {args.out: slo.dump(slo.render(slo.load(args.slos), args.scale))}
     if args.out == slo.RULES and args.scale == 1:

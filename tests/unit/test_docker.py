@@ -636,10 +636,8 @@ def container_imports(config_name: str = "gpu") -> set[str]:
         for module in imported_top_level_modules(path):
             top = module.split(".")[0]
             if top == "pipelines":
-                local = REPO / (module.replace(".", "/") + ".py")
-                package = REPO / module.replace(".", "/") / "__init__.py"
-                if local.exists() or package.exists():
-                    todo.append(local if local.exists() else package)
+                # A name that is no module (a function, a class) has no file: nothing to follow.
+                todo += [file] if (file := module_file(module)) else []
             elif top not in sys.stdlib_module_names:
                 third_party.add(top)
     return third_party
