@@ -873,8 +873,15 @@ def test_the_tls_file_mounts_the_certificate_and_key_into_the_gateway_as_secrets
     # The render command reads the secrets' paths where GATEWAY_TLS is set (the unit tests of
     # the gateway run it both ways).
     assert services["gateway-config"]["environment"]["GATEWAY_TLS"] == "on"
-    without = compose("config", "--quiet", extra=COMPOSE.with_name(TLS_FILE))
-    assert without.returncode != 0 and "set GATEWAY_TLS_CERT" in without.stderr
+    # Either file missing stops compose, naming it (one at a time: which of two missing ones
+    # compose names first varies from run to run).
+    for given, missing in (
+        ("GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY"),
+        ("GATEWAY_TLS_KEY", "GATEWAY_TLS_CERT"),
+    ):
+        half = {**REQUIRED, given: str(cert)}
+        without = compose("config", "--quiet", extra=COMPOSE.with_name(TLS_FILE), env=half)
+        assert without.returncode != 0 and f"set {missing} to the PEM" in without.stderr
 
 
 def test_grafana_will_not_start_on_its_default_password():
