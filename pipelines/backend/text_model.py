@@ -36,6 +36,11 @@ def token_counts(tokens: list[list[int]]) -> np.ndarray:
     return np.array([[len(t)] for t in tokens], dtype=np.int32).reshape(-1, 1)
 
 
+def must_refuse(length: int, cut: bool) -> bool:
+    """Whether a text of ``length`` word pieces is refused: over the limit, and not to be cut."""
+    return length > embedding.MAX_TOKENS and not cut
+
+
 @dataclasses.dataclass
 class Texts:
     """One request's texts and, for each, whether it may be cut at ``MAX_TOKENS``."""
@@ -49,7 +54,7 @@ class Texts:
     def refusal(self, lengths: list[int]) -> tokenization.TextError | None:
         """The error for its first text over the limit that may not be cut, if any."""
         for i, (length, cut) in enumerate(zip(lengths, self.truncate, strict=True)):
-            if length > embedding.MAX_TOKENS and not cut:
+            if must_refuse(length, cut):
                 return tokenization.too_long(i, length)
         return None
 
@@ -161,8 +166,7 @@ class TokenizeEncodeModel(TokenizeModel):
     def _encode(self, texts: list[str], truncate: list[bool]) -> list[Answer]:
         """Each text's (vector, word pieces) through the encoder, or its length if refused."""
         tokens, lengths = tokenization.encode_counted(texts)
-        over = [n > embedding.MAX_TOKENS for n in lengths]
-        kept = [i for i, (o, cut) in enumerate(zip(over, truncate, strict=True)) if cut or not o]
+        kept = [i for i, cut in enumerate(truncate) if not must_refuse(lengths[i], cut)]
         answers: list[Answer] = list(lengths)  # a refused text's answer: its length
         if kept:
             vectors, padded = padding.encode_sorted(
@@ -171,7 +175,8 @@ class TokenizeEncodeModel(TokenizeModel):
             for i, vector in zip(kept, vectors, strict=True):
                 answers[i] = (vector, len(tokens[i]))
             real = sum(len(tokens[i]) for i in kept)
-            self.metrics.batch(real, padded, sum(over[i] for i in kept))
+            cut = sum(lengths[i] > embedding.MAX_TOKENS for i in kept)
+            self.metrics.batch(real, padded, cut)
         return answers
 
     def _encoder(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
