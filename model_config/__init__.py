@@ -188,10 +188,20 @@ def _alone(config: mc.ModelConfig, field: str) -> mc.ModelConfig:
     return only
 
 
+def _repeated(descriptor) -> bool:
+    """Whether a field is repeated.
+
+    ``is_repeated`` from protobuf 5.29 on (the newest releases have no ``label``), ``label``
+    before it.
+    """
+    repeated = getattr(descriptor, "is_repeated", None)
+    return repeated if repeated is not None else descriptor.label == descriptor.LABEL_REPEATED
+
+
 def _is_empty(config: mc.ModelConfig, field: str) -> bool:
     """Whether the overlay writes ``field`` with its empty value (which drops the base's)."""
     descriptor = mc.ModelConfig.DESCRIPTOR.fields_by_name[field]
-    if descriptor.label == descriptor.LABEL_REPEATED:
+    if _repeated(descriptor):
         return len(getattr(config, field)) == 0
     if descriptor.message_type is not None:
         return field not in SCHEDULERS and getattr(config, field).ByteSize() == 0
@@ -338,7 +348,7 @@ def overlay_text(config: mc.ModelConfig, base: mc.ModelConfig) -> str:
             continue
         if _present(config, field):
             lines.append(text_format.MessageToString(only).rstrip("\n"))
-        elif descriptor.label == descriptor.LABEL_REPEATED:
+        elif _repeated(descriptor):
             lines.append(f"{field}: []")
         elif field in SCHEDULERS:
             raise ValueError(f"an overlay cannot drop the base's {field} (its {{}} selects it)")
@@ -353,7 +363,7 @@ def overlay_text(config: mc.ModelConfig, base: mc.ModelConfig) -> str:
 
 def _present(config: mc.ModelConfig, field: str) -> bool:
     descriptor = mc.ModelConfig.DESCRIPTOR.fields_by_name[field]
-    if descriptor.label == descriptor.LABEL_REPEATED:
+    if _repeated(descriptor):
         return len(getattr(config, field)) > 0
     if descriptor.message_type is not None or descriptor.has_presence:
         return config.HasField(field)

@@ -124,7 +124,11 @@ class Installation:
         if self.bundled:
             import importlib.metadata
 
-            return BUNDLED_SERVER_VERSIONS.get(importlib.metadata.version("nvidia-pytriton"))
+            try:
+                wheel = importlib.metadata.version("nvidia-pytriton")
+            except importlib.metadata.PackageNotFoundError:
+                return None  # the build copied without its wheel (the GPU check's bundle)
+            return BUNDLED_SERVER_VERSIONS.get(wheel)
         return None
 
     def has_backend(self, name: str) -> bool:

@@ -362,3 +362,27 @@ def test_an_overlay_with_a_typo_fails_naming_the_file(tmp_path, text, message):
     assert str(model_config.overlay_path(model_dir, "local")) in str(failure.value)
     assert message in str(failure.value)
     assert not model_config.config_path(model_dir, "local").exists()
+
+
+class _Descriptor:
+    """A field descriptor as protobuf 7 has it (``is_repeated``, no ``label``), or as older
+    releases have it (``label`` only)."""
+
+    LABEL_REPEATED = 3
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+@pytest.mark.parametrize(
+    "descriptor, repeated",
+    [
+        (_Descriptor(is_repeated=True), True),
+        (_Descriptor(is_repeated=False), False),
+        (_Descriptor(label=3), True),
+        (_Descriptor(label=1), False),
+    ],
+)
+def test_repeated_fields_are_told_apart_on_every_protobuf(descriptor, repeated):
+    # The GPU host's protobuf 7.36 has no FieldDescriptor.label; overlays failed there.
+    assert model_config._repeated(descriptor) is repeated

@@ -253,3 +253,16 @@ def test_latency_summaries_are_on_unless_turned_off():
     assert "--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01,0.99:0.001" in on
     off = Server(ServerConfig(summary_latencies=False)).command()
     assert not any(arg.startswith("--metrics-config=summary") for arg in off)
+
+
+def test_a_bundled_build_copied_without_its_wheel_has_no_known_version(monkeypatch, tmp_path):
+    # The GPU check's bundle carries the server's files but not nvidia-pytriton's metadata.
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.delenv("TRITON_SERVER_VERSION", raising=False)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    copied = launcher.Installation(tmp_path / "tritonserver", tmp_path, tmp_path, bundled=True)
+    assert copied.version is None
