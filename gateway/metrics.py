@@ -5,9 +5,11 @@ request it shapes: tenant, model, protocol, ``$limit_req_status`` (``PASSED`` or
 ``REJECTED``) and the request's times. Open-source nginx keeps no counters of its own for
 ``limit_req`` and no latency histograms, so this exporter follows that file and serves, on
 ``/metrics`` (``gateway="nginx"``; names, labels and buckets in ``gateway.shaping``):
-``gateway_requests_total`` by outcome, and for admitted requests the histograms
+``gateway_requests_total`` by outcome (admitted, refused by a bucket, or failed: admitted and
+answered with a server error), and for the requests that were not refused the histograms
 ``gateway_request_duration_seconds`` and ``gateway_upstream_duration_seconds`` by tenant and
-model (what a tenant's own latency and the latency objectives are read from).
+model (what a tenant's own latency and the latency objectives are read from), and by version
+during a rollout (``stable``, ``canary``: the two side by side).
 
     python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from gateway import shaping
-from gateway.nginx.config import SERVED
+from gateway.nginx.config import CANARY, SERVED, STABLE
 from pipelines import embedding
 
 __all__ = ["ShapingLogExporter", "ShapingMetrics", "count_line"]
@@ -49,9 +51,12 @@ GATEWAY = "nginx"
 # was read); anything else is "other", so that no client can add series by naming models.
 MODELS = frozenset((*SERVED, *embedding.OPENAI_MODELS, ""))
 OTHER = "other"
+# A rollout's versions; "" (an empty label is no label to Prometheus) without a rollout.
+VERSIONS = frozenset((STABLE, CANARY, ""))
 # $limit_req_status → our outcome; DELAYED never happens with `nodelay`, and the dry-run
 # statuses only with limit_req_dry_run, which the rendered config does not use.
-OUTCOMES = {"PASSED": shaping.ADMITTED, "REJECTED": shaping.REFUSED}
+# "" is a request of a gateway without token buckets (a rollout's log): nothing refused it.
+OUTCOMES = {"PASSED": shaping.ADMITTED, "REJECTED": shaping.REFUSED, "": shaping.ADMITTED}
 
 
 def release(fd: int, length: int) -> bool:
@@ -116,19 +121,24 @@ def count_line(metrics: ShapingMetrics, line: str) -> bool:
     try:
         entry = json.loads(line)
         outcome = OUTCOMES[entry["limit"]]
+        if outcome == shaping.ADMITTED and entry.get("status", "").startswith("5"):
+            outcome = shaping.FAILED
         model = entry["model"] if entry["model"] in MODELS else OTHER
-        labels = (GATEWAY, entry["tenant"], model, entry["protocol"], outcome)
+        version = entry.get("version", "")
+        version = version if version in VERSIONS else OTHER
+        labels = (GATEWAY, entry["tenant"], model, entry["protocol"], outcome, version)
         took = seconds(entry.get("request_time", ""))
         upstream = seconds(entry.get("upstream_time", ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     metrics.requests.labels(*labels).inc()
-    if outcome == shaping.ADMITTED:
+    if outcome != shaping.REFUSED:
         # Refusals take no time worth a latency objective: they are counted, not timed.
+        timed = (*labels[:3], version)
         if took is not None:
-            metrics.duration.labels(*labels[:3]).observe(took)
+            metrics.duration.labels(*timed).observe(took)
         if upstream is not None:
-            metrics.upstream.labels(*labels[:3]).observe(upstream)
+            metrics.upstream.labels(*timed).observe(upstream)
     return True
 
 

@@ -501,7 +501,7 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
     """nginx's $request_time and $upstream_response_time reach the exporter's histograms."""
     nginx, exporter, _ = gateway
     tenant = LIMITS.keys[CALM_KEY]
-    labels = {"gateway": "nginx", "tenant": tenant, "model": embedding.ENSEMBLE}
+    labels = {"gateway": "nginx", "tenant": tenant, "model": embedding.ENSEMBLE, "version": ""}
 
     def timed(name: str, suffix: str) -> float:
         return exporter.registry.get_sample_value(f"{name}{suffix}", labels) or 0.0
@@ -546,5 +546,5 @@ def metric(
 ) -> float:
     """The exporter's count of one tenant's requests to one model over one protocol."""
     labels = {"gateway": "nginx", "tenant": tenant, "protocol": protocol, "outcome": outcome}
-    labels["model"] = model
+    labels |= {"model": model, "version": ""}
     return exporter.registry.get_sample_value(f"{shaping.METRIC}_total", labels) or 0.0

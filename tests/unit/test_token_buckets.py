@@ -114,7 +114,7 @@ def count(exporter: ShapingLogExporter, tenant: str, outcome: str) -> float:
     value = exporter.registry.get_sample_value(
         f"{shaping.METRIC}_total",
         {"gateway": "nginx", "tenant": tenant, "model": "embed", "protocol": "http",
-         "outcome": outcome},
+         "outcome": outcome, "version": ""},
     )  # fmt: skip
     return value or 0.0
 
@@ -162,7 +162,7 @@ def test_the_exporter_times_admitted_requests_by_tenant_and_model(tmp_path):
     )
     exporter = ShapingLogExporter(log)
     assert exporter.poll() == 4
-    labels = {"gateway": "nginx", "tenant": "a", "model": "embed"}
+    labels = {"gateway": "nginx", "tenant": "a", "model": "embed", "version": ""}
 
     def sample(name: str, suffix: str, **extra) -> float:
         return exporter.registry.get_sample_value(f"{name}{suffix}", {**labels, **extra})
@@ -212,12 +212,38 @@ def test_the_exporter_gives_counted_lines_back_to_the_disk_and_loses_none(tmp_pa
     assert again.poll() == 300 and again.skipped == 0
 
 
+def test_the_exporter_counts_a_rollout_s_versions_and_server_errors_apart(tmp_path):
+    log = tmp_path / "shaping.log"
+    entries = [
+        {"version": "stable", "status": "200"},
+        {"version": "canary", "status": "200"},
+        {"version": "canary", "status": "503"},
+        {"version": "beta", "status": "200"},  # not a version a gateway writes: "other"
+    ]
+    common = {"tenant": "a", "model": "embed", "protocol": "grpc", "limit": ""}
+    times = {"request_time": "0.010", "upstream_time": "0.009"}
+    log.write_text("".join(json.dumps({**common, **e, **times}) + "\n" for e in entries))
+    exporter = ShapingLogExporter(log)
+    assert exporter.poll() == 4
+    base = {"gateway": "nginx", "tenant": "a", "model": "embed"}
+
+    def requests(version: str, outcome: str) -> float:
+        labels = {**base, "protocol": "grpc", "outcome": outcome, "version": version}
+        return exporter.registry.get_sample_value(f"{shaping.METRIC}_total", labels) or 0.0
+
+    assert requests("stable", "admitted") == 1 and requests("canary", "admitted") == 1
+    assert requests("canary", "failed") == 1 and requests("other", "admitted") == 1
+    # A failed request took time too: both versions' latencies, side by side.
+    timed = {**base, "version": "canary"}
+    assert exporter.registry.get_sample_value(f"{shaping.DURATION_METRIC}_count", timed) == 2
+
+
 def test_the_exporter_keeps_unknown_models_out_of_its_labels(tmp_path):
     log = tmp_path / "shaping.log"
     log.write_text(line("a", "PASSED", model="tokenize") + line("a", "PASSED", model="x" * 99))
     exporter = ShapingLogExporter(log)
     assert exporter.poll() == 2
-    other = {"gateway": "nginx", "tenant": "a", "model": "other", "protocol": "http"}
+    other = {"gateway": "nginx", "tenant": "a", "model": "other", "protocol": "http", "version": ""}
     assert (
         exporter.registry.get_sample_value(
             f"{shaping.METRIC}_total", {**other, "outcome": "admitted"}
