@@ -9,6 +9,8 @@ Examples:
     python -m gateway serve                                 # gateway on 8080 (HTTP) and 8081 (gRPC)
     python -m gateway serve --host 0.0.0.0 --limits my-limits.toml   # for other machines
     python -m gateway serve --limits docker/nginx/limits.toml --gateway-port 9000
+    python -m gateway serve --canary-http 127.0.0.1:8100 --canary-grpc 127.0.0.1:8101 \
+        --rollout embed=0                 # a new version on other servers; move its share later
     OPENAI_BASE_URL=http://127.0.0.1:8080/v1 python my_rag_app.py
 
 Needs nginx and its njs module (Debian: ``apt-get install nginx libnginx-mod-http-js``;
@@ -22,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.nginx import rollout
 from gateway.nginx.config import TLS, OpenAI, find_js_module, find_nginx
 from gateway.nginx.process import Nginx
 from gateway.shaping import load_limits
@@ -58,6 +61,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate: both ports TLS only")
     serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    rollout.add_arguments(serve)
     return parser.parse_known_args(argv)
 
 
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in (args.tls_cert, args.tls_key):
                 path.resolve(strict=True)  # FileNotFoundError naming it
             tls = TLS(str(args.tls_cert.resolve()), str(args.tls_key.resolve()))
+        canary = rollout.from_args(args)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             limits=limits,
             openai=OpenAI(),
             tls=tls,
+            canary=canary,
         )
         return nginx, lambda: banner(nginx, args.limits)
 
@@ -101,11 +107,18 @@ def banner(nginx: Nginx, limits: Path | None) -> str:
     """The gateway's lines of the launcher's banner."""
     shaping = f"token buckets of {limits}" if limits else "no token buckets"
     scheme, grpc = ("http", "gRPC") if nginx.gateway.tls is None else ("https", "gRPC over TLS")
-    return (
+    lines = (
         f"  OpenAI   {scheme}://{nginx.http_url}/v1 "
         f"(embeddings: {', '.join(embedding.OPENAI_MODELS)})\n"
         f"  gateway  {scheme}://{nginx.http_url}/v2, {grpc} {nginx.grpc_url} ({shaping})\n"
     )
+    if nginx.gateway.rollout is not None:
+        shares = ", ".join(f"{m} {p:g}%" for m, p in nginx.gateway.rollout.shares.models)
+        lines += (
+            f"  rollout  to {', '.join(nginx.gateway.rollout.http)}: {shares or 'no model yet'}; "
+            f"move: python -m gateway.nginx rollout --conf {nginx.config_path} MODEL=PERCENT\n"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -18,5 +18,6 @@ bounded buffers (docs/operations.md#security).
 
 With limits, inference requests are shaped by token buckets per tenant and per model
 (``gateway/shaping.py`` explains the file), and with ``openai`` OpenAI's embeddings API is
-served beside Triton's (``gateway/openai.js``).
+served beside Triton's (``gateway/openai.js``). With a rollout, a share of some models' requests
+goes to canary servers that serve their new version (``rollout`` moves it on a running nginx).
 """

@@ -1,8 +1,14 @@
-r"""``python -m gateway.nginx render``: print the gateway's nginx config for the given servers.
+r"""``python -m gateway.nginx``: render the gateway's nginx config, or move a rollout's shares.
+
+``render`` prints the config for the given servers; ``rollout`` moves the shares of a running
+gateway's rollout (``gateway/nginx/rollout.py``).
 
     python -m gateway.nginx render --http triton-0:8000 --http triton-1:8000 \
         --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
         --limits docker/nginx/limits.toml > nginx.conf
+    python -m gateway.nginx render ... --canary-http triton-v2:8000 --canary-grpc triton-v2:8001 \
+        --rollout embed=0 --rollout-out rollout.conf > nginx.conf
+    python -m gateway.nginx rollout --conf /etc/nginx/nginx.conf embed=5
 
 The deployments (docker/docker-compose.yml, docker/kubernetes/gateway.yaml) render theirs so,
 inside the image.
@@ -15,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.nginx import config
+from gateway.nginx import config, rollout
 from gateway.shaping import LIMITS, load_limits
 from paths import REPO_ROOT
 
@@ -80,6 +86,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     r.add_argument("--tls-cert", help="PEM certificate (chain): both ports speak TLS only")
     r.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    rollout.add_arguments(r)
+    r.add_argument(
+        "--rollout-out",
+        type=Path,
+        help=f"where to write the {config.ROLLOUT_FILE} that the config includes (beside it)",
+    )
+    m = sub.add_parser("rollout", help="move a rollout's shares on a running gateway")
+    m.add_argument("--conf", type=Path, required=True, help="the running gateway's nginx.conf")
+    m.add_argument("--prefix", type=Path, help="nginx's prefix (default: the config's folder)")
+    m.add_argument("shares", nargs="+", type=config.parse_share, metavar="MODEL=PERCENT")
+    how = m.add_mutually_exclusive_group()
+    how.add_argument("--sticky", action="store_true", default=None, help="per tenant from now")
+    how.add_argument(
+        "--per-request", dest="sticky", action="store_false", help="per request from now"
+    )
     r.add_argument(
         "--shaping-log",
         default=config.SHAPING_LOG,
@@ -102,19 +123,48 @@ def gateway(args: argparse.Namespace) -> config.Gateway:
         shaping=config.Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
         openai=config.OpenAI() if args.openai else None,
         tls=config.TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        rollout=rollout.from_args(args),
     )
 
 
+def move(args: argparse.Namespace) -> int:
+    """``rollout``: move the shares, print what changed; 1 if nginx refused or did not reload."""
+    try:
+        before, after = rollout.move(args.conf, dict(args.shares), args.sticky, args.prefix)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    was = dict(before.models)
+    for model, percent in after.models:
+        print(f"{model}: {was.get(model, 0):g}% -> {percent:g}% to the canary")
+    print("per tenant" if after.sticky else "per request")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the config; with ``--check``, exit 1 if ``nginx -t`` refuses it."""
+    """Print the config (``--check``: exit 1 if ``nginx -t`` refuses it), or move shares."""
     args = parse_args(argv)
+    if args.command == "rollout":
+        return move(args)
     if bool(args.tls_cert) != bool(args.tls_key):
         print("--tls-cert and --tls-key go together", file=sys.stderr)
         return 2
-    text = config.render(gateway(args))
+    try:
+        context = gateway(args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    text = config.render(context)
+    beside = {}
+    if context.rollout is not None:
+        beside[config.ROLLOUT_FILE] = config.render_rollout(context.rollout.shares)
+        if args.rollout_out is None:
+            print(f"a rollout needs --rollout-out ({config.ROLLOUT_FILE})", file=sys.stderr)
+            return 2
+        args.rollout_out.write_text(beside[config.ROLLOUT_FILE])
     if args.check:
         try:
-            config.check_config(text)
+            config.check_config(text, beside=beside)
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 1

@@ -41,13 +41,17 @@ __all__ = [
     "Gateway",
     "Listen",
     "OpenAI",
+    "Rollout",
     "Runtime",
     "Shaping",
+    "Shares",
     "Upstreams",
     "check_config",
     "find_js_module",
     "find_nginx",
+    "parse_share",
     "render",
+    "render_rollout",
 ]
 
 # Beside this module: the container image holds gateway/, not docker/ (.dockerignore).
@@ -383,6 +387,107 @@ class TLS:
     )
 
 
+# The versions a request can go to in a rollout (its log line's "version").
+STABLE = "stable"
+CANARY = "canary"
+# Beside nginx.conf, which includes it: the rollout's shares, the one file a move rewrites.
+ROLLOUT_FILE = "rollout.conf"
+
+
+def parse_share(text: str) -> tuple[str, float]:
+    """``MODEL=PERCENT`` (a command line's share) as (model, percent).
+
+    Raises:
+        ValueError: not of that form.
+    """
+    model, _, percent = text.partition("=")
+    try:
+        return model, float(percent.rstrip("%"))
+    except ValueError:
+        raise ValueError(f"{text!r}: give MODEL=PERCENT, e.g. embed=5") from None
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Each model's share of requests sent to a rollout's canary servers: ``rollout.conf``.
+
+    Each request of a model with a share goes to the canary with that probability
+    (``split_clients`` on its request id), or, ``sticky``, every request of one tenant (with
+    shaping; else of one ``X-User-Id``) goes the same way. A share of 0 keeps the model in the
+    rollout (compared and logged per version) with no traffic on the canary.
+
+    Attributes:
+        models: (model, percent of its requests sent to the canary), per served model.
+        sticky: per tenant rather than per request.
+    """
+
+    models: tuple[tuple[str, float], ...] = ()
+    sticky: bool = False
+
+    def __post_init__(self) -> None:
+        for model, share in self.models:
+            if model not in SERVED:
+                raise ValueError(f"no rollout of {model!r}: the gateway serves {', '.join(SERVED)}")
+            if not 0 <= share <= 100:
+                raise ValueError(f"{model}: a share is a percent, 0 to 100, not {share}")
+
+    @property
+    def splits(self) -> list[tuple[str, str, str]]:
+        """(model, its variable, split_clients' percent) for each model."""
+        return [
+            (model, f"$rollout_{i}", f"{share:.2f}".rstrip("0").rstrip(".") + "%")
+            for i, (model, share) in enumerate(self.models)
+        ]
+
+    def moved(self, changes: dict[str, float], sticky: bool | None = None) -> Shares:
+        """These shares with ``changes`` applied (a model not named keeps its share)."""
+        models = dict(self.models) | changes
+        return Shares(tuple(models.items()), self.sticky if sticky is None else sticky)
+
+    def as_json(self) -> str:
+        """One line that ``from_json`` reads back (the state kept in ``rollout.conf``)."""
+        return json.dumps({"models": dict(self.models), "sticky": self.sticky})
+
+    @classmethod
+    def from_json(cls, text: str) -> Shares:
+        """The shares ``as_json`` wrote."""
+        state = json.loads(text)
+        return cls(tuple(state["models"].items()), bool(state["sticky"]))
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A new version of some served models on servers of their own (the canary), taking a share.
+
+    The canary servers serve the new version under the same model names (KServe's canary
+    revision; e.g. ``embed`` whose encoder is INT8), so a request needs no rewriting: the
+    gateway picks the servers. The shares live in ``rollout.conf`` beside nginx.conf
+    (``render_rollout``), so that moving them rewrites that file alone and reloads nginx,
+    which finishes every request in flight on the old workers (``gateway.nginx.rollout``).
+
+    Attributes:
+        http: the canary servers' HTTP endpoints.
+        grpc: their gRPC endpoints.
+        shares: the models in the rollout and their shares at start.
+        shadow: host:port of the comparator (``python -m gateway.shadow``), which receives a
+            sampled copy of the models' requests and compares the two versions' answers;
+            None: none.
+        sample: percent of a model's requests copied to the comparator.
+    """
+
+    http: tuple[str, ...]
+    grpc: tuple[str, ...]
+    shares: Shares = Shares()
+    shadow: str | None = None
+    sample: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.http or not self.grpc:
+            raise ValueError("a rollout needs at least one canary server")
+        if not 0 < self.sample <= 100:
+            raise ValueError(f"the sample is a percent, over 0 and at most 100, not {self.sample}")
+
+
 @dataclass(frozen=True)
 class Gateway:
     """Everything the nginx config is rendered from.
@@ -395,6 +500,7 @@ class Gateway:
         shaping: token buckets per tenant and model; None: no shaping.
         openai: serve OpenAI's embeddings API (/v1/embeddings, /v1/models) too; None: not.
         tls: both listeners over TLS only; None: plain HTTP and HTTP/2 cleartext.
+        rollout: a share of some models' traffic to canary servers; None: none.
     """
 
     upstreams: Upstreams
@@ -404,6 +510,17 @@ class Gateway:
     shaping: Shaping | None = None
     openai: OpenAI | None = None
     tls: TLS | None = None
+    rollout: Rollout | None = None
+
+    @property
+    def request_log(self) -> str | None:
+        """The JSON line log of inference requests that ``gateway.metrics`` reads; None: none.
+
+        Written with shaping, or with a rollout (each line names the request's version).
+        """
+        if self.shaping is not None:
+            return self.shaping.log
+        return SHAPING_LOG if self.rollout is not None else None
 
 
 _TEMPLATES = jinja2.Environment(
@@ -424,6 +541,9 @@ _TEMPLATES.globals.update(
     UNAVAILABLE=UNAVAILABLE,
     OPERATOR_ONLY=OPERATOR_ONLY,
     UNKNOWN_MODEL=UNKNOWN_MODEL,
+    STABLE=STABLE,
+    CANARY=CANARY,
+    ROLLOUT_FILE=ROLLOUT_FILE,
 )
 
 
@@ -434,11 +554,23 @@ def render(gateway: Gateway) -> str:
         ValueError: an operator that is no address or network.
     """
     template = _TEMPLATES.get_template(TEMPLATE.name)
-    return template.render({f.name: getattr(gateway, f.name) for f in fields(gateway)})
+    context = {f.name: getattr(gateway, f.name) for f in fields(gateway)}
+    return template.render(context, request_log=gateway.request_log)
 
 
-def check_config(text: str, nginx: str | None = None) -> None:
+def render_rollout(shares: Shares) -> str:
+    """``rollout.conf``: each model's share of requests to the canary, included by nginx.conf.
+
+    Its first line holds the shares as JSON (``Shares.from_json``), for the next move.
+    """
+    text = _TEMPLATES.get_template("rollout.conf.j2").render(shares=shares)
+    return f"# {shares.as_json()}\n{text}"
+
+
+def check_config(text: str, nginx: str | None = None, beside: dict[str, str] | None = None) -> None:
     """Run ``nginx -t`` on a rendered config, in a throwaway prefix (nothing else is touched).
+
+    ``beside``: the files it includes (name → text), written next to it.
 
     Raises:
         ValueError: nginx refused the config; the message is what nginx said.
@@ -450,6 +582,8 @@ def check_config(text: str, nginx: str | None = None) -> None:
             Path(prefix, folder).mkdir()
         config = Path(prefix, "nginx.conf")
         config.write_text(text)
+        for name, included in (beside or {}).items():
+            Path(prefix, name).write_text(included)
         done = subprocess.run(
             [binary, "-t", "-p", f"{prefix}/", "-c", str(config), "-e", "stderr"],
             capture_output=True,

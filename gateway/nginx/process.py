@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gateway.nginx import config
+from gateway.nginx import config, rollout
 from gateway.shaping import Limits
 from processes.managed import ManagedProcess
 
@@ -27,7 +27,8 @@ class Nginx(ManagedProcess):
 
     Ports of 0 are replaced by free ones at start. The arguments are those of the config's
     context (``gateway.nginx.config``): upstreams, ports, ``limits`` for token buckets (None:
-    no shaping), ``openai`` for OpenAI's embeddings API, and what clients may hold.
+    no shaping), ``openai`` for OpenAI's embeddings API, ``canary`` for a rollout (``move``
+    shifts its shares while nginx runs), and what clients may hold.
     """
 
     name = "nginx"
@@ -47,6 +48,7 @@ class Nginx(ManagedProcess):
         client_timeout: str = "10s",
         operators: Sequence[str] = (),
         tls: config.TLS | None = None,
+        canary: config.Rollout | None = None,
     ):
         super().__init__(log_path)
         self.binary = config.find_nginx()
@@ -69,6 +71,7 @@ class Nginx(ManagedProcess):
             shaping=None if limits is None else config.Shaping(limits),
             openai=openai,
             tls=tls,
+            rollout=canary,
         )
         if tls is not None:
             # The readiness probe asks nginx itself, on loopback, whether it serves: it checks
@@ -96,7 +99,7 @@ class Nginx(ManagedProcess):
 
     @property
     def shaping_log(self) -> Path:
-        """The JSON lines of shaped requests (with ``limits``), inside the prefix."""
+        """The request log inside the prefix: a line per shaped request, or rollout request."""
         if self.prefix is None:
             raise RuntimeError("nginx has not been prepared yet")
         return self.prefix / config.SHAPING_LOG
@@ -117,6 +120,17 @@ class Nginx(ManagedProcess):
         self.shaping_log.parent.mkdir()
         listen = config.Listen(self.http_port, self.grpc_port, self.host)
         self.config_path.write_text(config.render(replace(self.gateway, listen=listen)))
+        if self.gateway.rollout is not None:
+            shares = config.render_rollout(self.gateway.rollout.shares)
+            rollout.rollout_file(self.config_path).write_text(shares)
+
+    def move(self, changes: dict[str, float], sticky: bool | None = None) -> config.Shares:
+        """Move the rollout's shares (model → percent to the canary) while nginx serves.
+
+        Returns:
+            The shares now in force.
+        """
+        return rollout.move(self.config_path, changes, sticky, nginx=self.binary)[1]
 
     def command(self) -> list[str]:
         """``nginx -p PREFIX -c CONF -e stderr -g 'daemon off;'`` (in the foreground)."""

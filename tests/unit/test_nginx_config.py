@@ -46,13 +46,39 @@ VARIANTS = {
         LISTEN,
         shaping=config.Shaping(shaping.parse_limits({"anonymous": {"rate": 3, "capacity": 3}})),
     ),
+    "rollout-compared-openai": config.Gateway(
+        ONE,
+        LISTEN,
+        openai=config.OpenAI(),
+        rollout=config.Rollout(
+            ("127.0.0.1:19",),
+            ("127.0.0.1:20",),
+            config.Shares((("embed", 5), ("classify", 0))),
+            shadow="127.0.0.1:21",
+        ),
+    ),
+    "rollout-sticky-shaped": config.Gateway(
+        SEVERAL,
+        LISTEN,
+        shaping=config.Shaping(ODD),
+        rollout=config.Rollout(
+            ("127.0.0.1:19",), ("127.0.0.1:20",), config.Shares((("embed", 100),), sticky=True)
+        ),
+    ),
 }
+
+
+def included(gateway: config.Gateway) -> dict[str, str]:
+    """The files a rendered config includes: a rollout's shares."""
+    if gateway.rollout is None:
+        return {}
+    return {config.ROLLOUT_FILE: config.render_rollout(gateway.rollout.shares)}
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_each_variant_passes_nginx_t_and_leaves_no_gaps(nginx_binary, name):
     text = config.render(VARIANTS[name])
-    config.check_config(text, nginx_binary)
+    config.check_config(text, nginx_binary, beside=included(VARIANTS[name]))
     # A section that is off leaves no line behind: no blank line opening a block, none doubled.
     assert "{\n\n" not in text and "\n\n\n" not in text
     assert all(line == line.rstrip() for line in text.splitlines())
@@ -68,3 +94,50 @@ def test_operators_are_checked_addresses_and_every_server_is_tried_once():
         )
     with pytest.raises(ValueError, match="at least one server"):
         config.Upstreams(("127.0.0.1:9",), ())
+
+
+def test_a_rollout_picks_the_servers_of_each_request_s_version():
+    text = config.render(VARIANTS["rollout-compared-openai"])
+    # Every inference path (Triton's HTTP, OpenAI's requests, gRPC) goes by the version...
+    assert text.count("proxy_pass http://$http_servers") == 2
+    assert "proxy_pass http://$http_servers/v2/models/$openai_triton/infer;" in text
+    assert text.count("grpc_pass grpc://$grpc_servers;") == 1
+    assert "upstream triton_http_canary {" in text and "upstream triton_grpc_canary {" in text
+    # ...metadata, readiness and health stay on the stable servers...
+    assert "proxy_pass http://triton_http;" in text and "grpc_pass grpc://triton_grpc;" in text
+    # ...and each inference path copies its sampled requests to the comparator and logs its
+    # version, which the plain gateway does not.
+    assert text.count("mirror /_rollout_shadow;") == 3
+    assert '"version":"$rollout_version"' in text
+    assert text.count(f"include {config.ROLLOUT_FILE};") == 1
+    plain = config.render(VARIANTS["plain"])
+    assert "rollout" not in plain and "$http_servers" not in plain
+
+
+def test_shares_render_as_split_clients_and_keep_their_state():
+    shares = config.Shares((("embed", 0.5), ("classify", 0), ("embed_int8", 100)))
+    text = config.render_rollout(shares)
+    assert config.Shares.from_json(text.split("\n", 1)[0].removeprefix("# ")) == shares
+    split = 'split_clients "${request_id}embed" $rollout_0 {\n    0.5% canary;\n    * stable;'
+    assert split in text
+    assert 'split_clients "${request_id}classify" $rollout_1 {\n    * stable;\n}' in text
+    assert "    100% canary;\n" in text
+    assert "    embed_int8 $rollout_2;\n" in text
+    sticky = config.render_rollout(config.Shares((("embed", 5),), sticky=True))
+    assert 'split_clients "${rollout_tenant}embed"' in sticky
+    moved = shares.moved({"classify": 50}, sticky=True)
+    assert dict(moved.models) == {"embed": 0.5, "classify": 50, "embed_int8": 100}
+    assert moved.sticky
+
+
+@pytest.mark.parametrize(
+    "models, message",
+    [
+        ((("tokenize", 5),), "no rollout of 'tokenize'"),
+        ((("embed", 101),), "a share is a percent"),
+        ((("embed", -1),), "a share is a percent"),
+    ],
+)
+def test_a_share_out_of_range_or_of_an_unserved_model_is_refused(models, message):
+    with pytest.raises(ValueError, match=message):
+        config.Shares(models)
