@@ -20,6 +20,7 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client import start_http_server
 
 import model_config
 from client.embed import EmbedClient, build_inputs
@@ -28,7 +29,9 @@ from gateway.nginx.config import CANARY, STABLE, USER_ID_HEADER, OpenAI, Rollout
 from gateway.nginx.process import Nginx
 from paths import MODEL_REPOSITORY
 from pipelines import embedding
+from processes.managed import free_port
 from server import Server, ServerConfig
+from tests.alerting import Prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -77,17 +80,33 @@ def versions(server, canary) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def gateway(server, canary, tmp_path_factory):
-    """nginx with the rollout of embed at 0 %, and the exporter of its request log."""
+    """nginx with the rollout of embed at 0 %, and the exporter of its request log serving
+    /metrics (its address last)."""
     rollout = Rollout((canary.http_url,), (canary.grpc_url,), Shares(((embedding.ENSEMBLE, 0),)))
     log_path = tmp_path_factory.mktemp("nginx") / "nginx.log"
     with Nginx(
         [server.http_url], [server.grpc_url], openai=OpenAI(), canary=rollout, log_path=log_path
     ) as nginx:
         exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1).start()
+        port = free_port()
+        http_server, thread = start_http_server(port, "127.0.0.1", registry=exporter.registry)
         try:
-            yield nginx, exporter
+            yield nginx, exporter, f"127.0.0.1:{port}"
         finally:
+            http_server.shutdown()
+            thread.join(timeout=5)
             exporter.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(gateway, tmp_path_factory):
+    """A Prometheus scraping the gateway's exporter every second."""
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "gateway", "static_configs": [{"targets": [gateway[2]]}]}],
+    }
+    with Prometheus(tmp_path_factory.mktemp("prometheus"), config) as process:
+        yield process
 
 
 def which(vector: np.ndarray, index: int, versions: dict[str, np.ndarray]) -> str:
@@ -171,7 +190,7 @@ def settled(exporter: ShapingLogExporter, total: float, protocols=("http", "grpc
 
 
 def test_each_request_goes_to_the_canary_with_its_share(gateway, versions):
-    nginx, exporter = gateway
+    nginx, exporter, _ = gateway
     out = move(nginx, "embed=20")
     assert "embed: 0% -> 20% to the canary" in out
     before = {(v, p): counted(exporter, v, p) for v in (STABLE, CANARY) for p in ("http", "grpc")}
@@ -194,7 +213,7 @@ def test_each_request_goes_to_the_canary_with_its_share(gateway, versions):
 
 
 def test_sticky_shares_keep_each_user_on_one_version(gateway, versions):
-    nginx, _ = gateway
+    nginx, _, _ = gateway
     move(nginx, "embed=50", sticky=True)
     per_user = {}
     for u in range(40):
@@ -210,7 +229,7 @@ def test_sticky_shares_keep_each_user_on_one_version(gateway, versions):
 
 
 def test_a_rollout_and_its_rollback_under_load_drop_nothing(gateway, versions):
-    nginx, _ = gateway
+    nginx, _, _ = gateway
     move(nginx, "embed=0")
     stop = threading.Event()
     deadline = time.monotonic() + HARD_DEADLINE_S
@@ -261,3 +280,30 @@ def test_a_rollout_and_its_rollback_under_load_drop_nothing(gateway, versions):
     assert after == {STABLE}, after
     for protocol, got in answers.items():
         assert {v for _, v in got} == {STABLE, CANARY}, protocol
+
+
+def test_prometheus_holds_both_versions_side_by_side(gateway, prometheus, versions):
+    nginx, _, _ = gateway
+    move(nginx, "embed=50")
+    senders = [make(nginx, versions) for make in (http_sender, grpc_sender)]
+    buckets = 'gateway_request_duration_seconds_bucket{model="embed"}'
+    queries = (
+        'sum by (version) (gateway_request_duration_seconds_count{model="embed"})',
+        f"histogram_quantile(0.99, sum by (version, le) (rate({buckets}[1m])))",
+        'sum by (version) (rate(gateway_requests_total{model="embed"}[1m]))',
+    )
+    deadline = time.monotonic() + 30
+    try:
+        # Traffic over several scrapes, so that rates have two samples to work on.
+        while True:
+            for send, _ in senders:
+                for i in range(10):
+                    send(i)
+            seen = [{r["metric"].get("version") for r in prometheus.query(q)} for q in queries]
+            if all(versions_seen == {STABLE, CANARY} for versions_seen in seen):
+                break
+            assert time.monotonic() < deadline, dict(zip(queries, seen, strict=True))
+            time.sleep(0.5)
+    finally:
+        for _, client in senders:
+            client.close()
