@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import openai
@@ -24,6 +25,7 @@ from prometheus_client import start_http_server
 
 import model_config
 from client.embed import EmbedClient, build_inputs
+from gateway import shadow
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx.config import CANARY, STABLE, USER_ID_HEADER, OpenAI, Rollout, Shares
 from gateway.nginx.process import Nginx
@@ -39,6 +41,9 @@ TEXTS = [f"rollout text {i}: a short sentence to embed" for i in range(8)]
 INT8_VERSION = 2  # the encoder's INT8 version (model_repository/encoder/config.pbtxt)
 HARD_DEADLINE_S = 90.0  # no load here runs longer, whatever happens
 GRACE_S = 0.5
+# Every request of the rollout is copied to the comparator: each kind of request is compared,
+# and the replays are response-cache hits on both servers after the first.
+SAMPLE = 100.0
 
 
 def int8_config(ensemble: str) -> str:
@@ -78,32 +83,77 @@ def versions(server, canary) -> dict[str, np.ndarray]:
     return answers
 
 
+class Recording(shadow.Comparator):
+    """The comparator, keeping each request's path and outcome for the test to read."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, str]] = []
+
+    def compare(self, path, headers, body) -> str:
+        outcome = super().compare(path, headers, body)
+        self.seen.append((path, outcome))
+        return outcome
+
+
+def serve_metrics(registry) -> tuple[str, Callable[[], None]]:
+    """``registry`` on /metrics at a free loopback port: its address, and how to stop it."""
+    port = free_port()
+    http_server, thread = start_http_server(port, "127.0.0.1", registry=registry)
+
+    def stop() -> None:
+        http_server.shutdown()
+        thread.join(timeout=5)
+
+    return f"127.0.0.1:{port}", stop
+
+
 @pytest.fixture(scope="module")
-def gateway(server, canary, tmp_path_factory):
-    """nginx with the rollout of embed at 0 %, and the exporter of its request log serving
-    /metrics (its address last)."""
-    rollout = Rollout((canary.http_url,), (canary.grpc_url,), Shares(((embedding.ENSEMBLE, 0),)))
+def comparator(server, canary):
+    """The rollout's comparator on real servers, listening where nginx mirrors to."""
+    replay = shadow.replay_on([server.http_url], [canary.http_url])
+    with Recording(replay) as running:
+        listener = shadow.listener(running, "127.0.0.1", 0)
+        thread = threading.Thread(target=listener.serve_forever, daemon=True)
+        thread.start()
+        address, stop = serve_metrics(running.registry)
+        try:
+            yield running, f"127.0.0.1:{listener.server_address[1]}", address
+        finally:
+            stop()
+            listener.shutdown()
+            listener.server_close()
+
+
+@pytest.fixture(scope="module")
+def gateway(server, canary, comparator, tmp_path_factory):
+    """nginx with the rollout of embed at 0 %, every request of it copied to the comparator,
+    and the exporter of its request log serving /metrics (its address last)."""
+    shares = Shares(((embedding.ENSEMBLE, 0),))
+    rollout = Rollout((canary.http_url,), (canary.grpc_url,), shares, comparator[1], SAMPLE)
     log_path = tmp_path_factory.mktemp("nginx") / "nginx.log"
     with Nginx(
         [server.http_url], [server.grpc_url], openai=OpenAI(), canary=rollout, log_path=log_path
     ) as nginx:
         exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1).start()
-        port = free_port()
-        http_server, thread = start_http_server(port, "127.0.0.1", registry=exporter.registry)
+        address, stop = serve_metrics(exporter.registry)
         try:
-            yield nginx, exporter, f"127.0.0.1:{port}"
+            yield nginx, exporter, address
         finally:
-            http_server.shutdown()
-            thread.join(timeout=5)
+            stop()
             exporter.stop()
 
 
 @pytest.fixture(scope="module")
-def prometheus(gateway, tmp_path_factory):
-    """A Prometheus scraping the gateway's exporter every second."""
+def prometheus(gateway, comparator, tmp_path_factory):
+    """A Prometheus scraping the gateway's exporter and the comparator every second."""
+    targets = {"gateway": gateway[2], "comparator": comparator[2]}
     config = {
         "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "gateway", "static_configs": [{"targets": [gateway[2]]}]}],
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": [target]}]}
+            for job, target in targets.items()
+        ],
     }
     with Prometheus(tmp_path_factory.mktemp("prometheus"), config) as process:
         yield process
@@ -307,3 +357,24 @@ def test_prometheus_holds_both_versions_side_by_side(gateway, prometheus, versio
     finally:
         for _, client in senders:
             client.close()
+
+
+def test_the_comparator_finds_the_versions_close_but_not_equal(gateway, comparator, prometheus):
+    recording, _, _ = comparator
+    # Earlier tests sent every kind of request through the rollout: each was compared.
+    compared = {path for path, outcome in recording.seen if outcome == shadow.COMPARED}
+    assert {"/v2/models/embed/infer", shadow.GRPC_INFER, shadow.OPENAI_EMBEDDINGS} <= compared
+    cosines = "gateway_rollout_cosine_bucket"
+    deadline = time.monotonic() + 30
+    while not (total := prometheus.query(f'{cosines}{{model="embed",le="+Inf"}}')):
+        assert time.monotonic() < deadline, "Prometheus has no cosines of the comparator"
+        time.sleep(0.5)
+    total = float(total[0]["value"][1])
+    below = {
+        le: float(prometheus.query(f'{cosines}{{model="embed",le="{le}"}}')[0]["value"][1])
+        for le in ("0.98", "0.9999")
+    }
+    # INT8 against fp32: every pair close (none under 0.98) and not one version twice (most
+    # under 0.9999; the same server twice gives 1.0 exactly).
+    assert total > 0 and below["0.98"] == 0, (total, below)
+    assert below["0.9999"] >= 0.9 * total, (total, below)

@@ -1,0 +1,188 @@
+"""The rollout's comparator without a server: decoding each kind of request, the cosines, the
+queue, and the listener's answer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
+
+from client.embed import build_inputs
+from gateway import shadow
+from pipelines import embedding
+
+TEXTS = ["a man is eating food", "ünïcode text", ""]
+
+
+def kserve(binary: bool, truncate: bool = True) -> tuple[dict, bytes]:
+    """Headers and body of tritonclient's HTTP request for TEXTS."""
+    rows = np.array([t.encode("utf-8") for t in TEXTS], dtype=np.object_).reshape(-1, 1)
+    arrays = {embedding.TEXT: (rows, "BYTES")}
+    if truncate:
+        arrays[embedding.TRUNCATE] = (np.ones((len(TEXTS), 1), dtype=bool), "BOOL")
+    inputs = []
+    for name, (array, datatype) in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    body, length = httpclient.InferenceServerClient.generate_request_body(inputs)
+    return ({"Inference-Header-Content-Length": str(length)} if length else {}), body
+
+
+def grpc_frame(compressed: int = 0) -> bytes:
+    """A gRPC ModelInferRequest frame for TEXTS, as tritonclient writes it."""
+    request = service_pb2.ModelInferRequest(model_name=embedding.ENSEMBLE)
+    for tensor in build_inputs(grpcclient, TEXTS, truncate=True):
+        request.inputs.append(tensor._get_tensor())
+        request.raw_input_contents.append(tensor._get_content())
+    message = request.SerializeToString()
+    return bytes([compressed]) + len(message).to_bytes(4, "big") + message
+
+
+def assert_texts(inputs: shadow.Inputs, truncate: bool = True) -> None:
+    array, datatype = inputs[embedding.TEXT]
+    assert datatype == "BYTES" and array.shape == (len(TEXTS), 1)
+    assert [t.decode("utf-8") for t in array[:, 0]] == TEXTS
+    if truncate:
+        flags, datatype = inputs[embedding.TRUNCATE]
+        assert datatype == "BOOL" and flags.shape == (len(TEXTS), 1) and flags.all()
+    else:
+        assert embedding.TRUNCATE not in inputs
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_triton_http_requests_decode_in_both_encodings(binary):
+    headers, body = kserve(binary)
+    model, inputs = shadow.decode_request("/v2/models/embed/versions/1/infer", headers, body)
+    assert model == embedding.ENSEMBLE
+    assert_texts(inputs)
+
+
+def test_a_compressed_request_is_read_and_an_unknown_encoding_skipped():
+    headers, body = kserve(binary=True)
+    zipped = {**headers, "Content-Encoding": "gzip"}
+    assert_texts(shadow.decode_request("/v2/models/embed/infer", zipped, gzip.compress(body))[1])
+    brotli = {**headers, "Content-Encoding": "br"}
+    assert shadow.decode_request("/v2/models/embed/infer", brotli, body) is None
+
+
+def test_a_grpc_frame_decodes_and_a_compressed_one_is_skipped():
+    model, inputs = shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame())
+    assert model == embedding.ENSEMBLE
+    assert_texts(inputs)
+    assert shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame(compressed=1)) is None
+
+
+@pytest.mark.parametrize(
+    "call, truncate",
+    [
+        ({"model": "embed", "input": TEXTS, "truncate": True}, True),
+        ({"model": "embed", "input": TEXTS}, False),
+    ],
+)
+def test_an_openai_call_becomes_the_model_s_text_rows(call, truncate):
+    model, inputs = shadow.decode_request(shadow.OPENAI_EMBEDDINGS, {}, json.dumps(call).encode())
+    assert model == "embed"
+    assert_texts(inputs, truncate)
+    one = {"model": "embed", "input": "one text"}
+    _, inputs = shadow.decode_request(shadow.OPENAI_EMBEDDINGS, {}, json.dumps(one).encode())
+    assert inputs[embedding.TEXT][0].shape == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (shadow.OPENAI_EMBEDDINGS, json.dumps({"model": "embed", "input": [[1, 2, 3]]})),
+        (shadow.OPENAI_EMBEDDINGS, "not json"),
+        ("/v2/models/embed/infer", '{"inputs": [{"name": "TEXT"}]}'),
+        ("/v2/models/embed/ready", "{}"),
+        (shadow.GRPC_INFER, "\x00\x00"),
+    ],
+)
+def test_what_cannot_be_replayed_is_skipped(path, body):
+    assert shadow.decode_request(path, {}, body.encode()) is None
+
+
+def test_row_cosines():
+    a = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    b = np.array([[2.0, 0.0], [1.0, 0.0], [3.0, 4.0]], dtype=np.float32)
+    assert shadow.row_cosines(a, b) == pytest.approx([1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="shapes"):
+        shadow.row_cosines(a, b[:2])
+
+
+def sample(comparator: shadow.Comparator, name: str, **labels) -> float:
+    return comparator.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_the_comparator_records_cosines_of_rollout_models_only():
+    def replay(model, inputs):
+        rows = len(inputs[embedding.TEXT][0])
+        stable = np.tile([1.0, 0.0], (rows, 1))
+        return {embedding.EMBEDDING: stable}, {embedding.EMBEDDING: stable + np.array([0, 0.11])}
+
+    comparator = shadow.Comparator(replay)
+    headers, body = kserve(binary=True)
+    in_rollout = {**headers, shadow.MODELS_HEADER: "embed classify"}
+    assert comparator.compare("/v2/models/embed/infer", in_rollout, body) == shadow.COMPARED
+    count = f"{shadow.COSINE_METRIC}_count"
+    assert sample(comparator, count, model="embed") == len(TEXTS)
+    # cos = 1/sqrt(1.0121) ≈ 0.994: in the bucket up to 0.995, none below 0.99.
+    bucket = f"{shadow.COSINE_METRIC}_bucket"
+    assert sample(comparator, bucket, model="embed", le="0.99") == 0
+    assert sample(comparator, bucket, model="embed", le="0.995") == len(TEXTS)
+    elsewhere = {**headers, shadow.MODELS_HEADER: "classify"}
+    assert comparator.compare("/v2/models/embed/infer", elsewhere, body) == shadow.SKIPPED
+    total = f"{shadow.SHADOW_METRIC}_total"
+    assert sample(comparator, total, model="embed", outcome=shadow.SKIPPED) == 1
+
+
+def test_a_version_s_error_counts_as_failed():
+    def replay(model, inputs):
+        raise RuntimeError("canary: model not ready")
+
+    comparator = shadow.Comparator(replay)
+    headers, body = kserve(binary=True)
+    assert comparator.compare("/v2/models/embed/infer", headers, body) == shadow.FAILED
+    total = f"{shadow.SHADOW_METRIC}_total"
+    assert sample(comparator, total, model="embed", outcome=shadow.FAILED) == 1
+
+
+def test_a_full_queue_drops_and_the_listener_answers_at_once():
+    release = threading.Event()
+
+    def replay(model, inputs):
+        release.wait(10)  # a slow replay: the queue fills behind it
+        return {}, {}
+
+    comparator = shadow.Comparator(replay, capacity=1, workers=1).start()
+    server = shadow.listener(comparator, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    headers, body = kserve(binary=True)
+    url = f"http://127.0.0.1:{server.server_address[1]}/v2/models/embed/infer"
+    try:
+        statuses = []
+        for _ in range(4):  # one replaying, one queued, two dropped
+            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+            with urllib.request.urlopen(request, timeout=5) as response:
+                statuses.append(response.status)
+        assert statuses == [204] * 4  # while the first is still being replayed
+        # Each request is queued after its answer went out: wait for the last of them.
+        total = f"{shadow.SHADOW_METRIC}_total"
+        deadline = time.monotonic() + 5
+        while sample(comparator, total, model="other", outcome=shadow.DROPPED) < 2:
+            assert time.monotonic() < deadline, "a full queue dropped nothing"
+            time.sleep(0.01)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        comparator.stop()
