@@ -9,6 +9,7 @@ the canary; every answer says which version gave it, since the two versions' vec
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -36,6 +37,8 @@ from server import Server, ServerConfig
 from tests.alerting import Prometheus
 
 pytestmark = pytest.mark.integration
+
+log = logging.getLogger(__name__)
 
 TEXTS = [f"rollout text {i}: a short sentence to embed" for i in range(8)]
 INT8_VERSION = 2  # the encoder's INT8 version (model_repository/encoder/config.pbtxt)
@@ -253,6 +256,7 @@ def test_each_request_goes_to_the_canary_with_its_share(gateway, versions):
         finally:
             client.close()
     share = (got["http", CANARY] + got["grpc", CANARY]) / 400
+    log.info("20 %% asked, %.1f %% on the canary: %s", 100 * share, dict(got))
     # 400 requests at 20 %: one standard deviation is 2 points; 8 is 4 of them.
     assert 0.12 <= share <= 0.28, got
     assert got["http", CANARY] and got["grpc", CANARY], got
@@ -317,6 +321,8 @@ def test_a_rollout_and_its_rollback_under_load_drop_nothing(gateway, versions):
         stop.set()
         for thread in threads:
             thread.join(timeout=30)
+    log.info("under load: %s answered, %d failed", {p: len(a) for p, a in answers.items()},
+             len(failures))  # fmt: skip
     assert not failures, failures[:5]
     every = [a for protocol in answers.values() for a in protocol]
     assert len(every) > 100, {p: len(a) for p, a in answers.items()}
@@ -374,6 +380,8 @@ def test_the_comparator_finds_the_versions_close_but_not_equal(gateway, comparat
         le: float(prometheus.query(f'{cosines}{{model="embed",le="{le}"}}')[0]["value"][1])
         for le in ("0.98", "0.9999")
     }
+    log.info("cosines: %d, under 0.98: %d, under 0.9999: %d; by path: %s", total,
+             below["0.98"], below["0.9999"], Counter(recording.seen))  # fmt: skip
     # INT8 against fp32: every pair close (none under 0.98) and not one version twice (most
     # under 0.9999; the same server twice gives 1.0 exactly).
     assert total > 0 and below["0.98"] == 0, (total, below)
