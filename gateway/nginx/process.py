@@ -27,8 +27,9 @@ class Nginx(ManagedProcess):
 
     Ports of 0 are replaced by free ones at start. The arguments are those of the config's
     context (``gateway.nginx.config``): upstreams, ports, ``limits`` for token buckets (None:
-    no shaping), ``openai`` for OpenAI's embeddings API, ``canary`` for a rollout (``move``
-    shifts its shares while nginx runs), and what clients may hold.
+    no shaping), ``openai`` for OpenAI's embeddings API, ``canary`` for a rollout (``python
+    -m gateway.nginx rollout --conf`` with its ``config_path`` moves the shares), and what
+    clients may hold.
     """
 
     name = "nginx"
@@ -123,14 +124,6 @@ class Nginx(ManagedProcess):
         if self.gateway.rollout is not None:
             shares = config.render_rollout(self.gateway.rollout.shares)
             rollout.rollout_file(self.config_path).write_text(shares)
-
-    def move(self, changes: dict[str, float], sticky: bool | None = None) -> config.Shares:
-        """Move the rollout's shares (model → percent to the canary) while nginx serves.
-
-        Returns:
-            The shares now in force.
-        """
-        return rollout.move(self.config_path, changes, sticky, nginx=self.binary)[1]
 
     def command(self) -> list[str]:
         """``nginx -p PREFIX -c CONF -e stderr -g 'daemon off;'`` (in the foreground)."""
