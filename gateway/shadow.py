@@ -8,7 +8,8 @@ queue drops it, counted). A worker decodes the request's inputs (Triton's HTTP/R
 binary tensors, gRPC's ``ModelInferRequest``, or an OpenAI embeddings body), skips a model
 outside the rollout, sends the inputs to a stable and a canary server with tritonclient, and
 records, for every FP32 output both answer, the cosine of each row's pair of vectors (one per
-text for an embedding):
+text for an embedding). A request it cannot read is skipped, an error answer from either
+version counts as failed; neither ever stops a worker:
 
     gateway_rollout_cosine{model}               histogram, near 1 when the versions agree
     gateway_rollout_shadow_total{model,outcome} compared, failed, skipped, dropped
@@ -96,7 +97,10 @@ def _grpc(body: bytes) -> tuple[str, Inputs] | None:
 
     if len(body) < 5 or body[0] != 0:
         return None  # compressed, or not a frame
-    request = service_pb2.ModelInferRequest.FromString(body[5 : 5 + int.from_bytes(body[1:5])])
+    length = int.from_bytes(body[1:5], "big")
+    if len(body) < 5 + length:
+        return None  # cut short: protobuf would read what is there as a whole message
+    request = service_pb2.ModelInferRequest.FromString(body[5 : 5 + length])
     if len(request.raw_input_contents) != len(request.inputs):
         return None  # typed contents: tritonclient never sends them
     inputs = {
@@ -126,6 +130,11 @@ def decode_request(path: str, headers: Mapping[str, str], body: bytes) -> tuple[
         path: the request's original URI.
         headers: its headers (any case).
         body: its body, as sent (gzip and deflate are undone).
+
+    Returns:
+        The model the request names (the path's, the gRPC request's, the OpenAI call's) and
+        its inputs by name, or None: another path, an encoding or a form not replayed, or a
+        body that does not parse. Never raises.
     """
     headers = {k.lower(): v for k, v in headers.items()}
     encoding = headers.get("content-encoding", "identity")
@@ -145,7 +154,7 @@ def decode_request(path: str, headers: Mapping[str, str], body: bytes) -> tuple[
             decoded = match["model"], _kserve(headers, body)
         else:
             return None
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - gzip, zlib and protobuf raise their own
         log.debug("cannot decode %s: %s", path, exc)
         return None
     return decoded
@@ -290,7 +299,11 @@ class Comparator:
 
     def _work(self) -> None:
         while (job := self.queue.get()) is not None:
-            self.compare(*job)
+            try:
+                self.compare(*job)
+            except Exception:  # a worker lost is every later copy dropped
+                log.exception("a mirrored request of %s", job[0])
+                self.requests.labels(OTHER, SKIPPED).inc()
 
 
 def replay_on(stable: Sequence[str], canary: Sequence[str]) -> Replay:

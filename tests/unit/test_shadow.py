@@ -8,6 +8,7 @@ import json
 import threading
 import time
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
@@ -66,10 +67,19 @@ def test_triton_http_requests_decode_in_both_encodings(binary):
     assert_texts(inputs)
 
 
-def test_a_compressed_request_is_read_and_an_unknown_encoding_skipped():
+@pytest.mark.parametrize(
+    "encoding, compress", [("gzip", gzip.compress), ("deflate", zlib.compress)]
+)
+def test_a_compressed_request_is_read_and_a_broken_one_skipped(encoding, compress):
     headers, body = kserve(binary=True)
-    zipped = {**headers, "Content-Encoding": "gzip"}
-    assert_texts(shadow.decode_request("/v2/models/embed/infer", zipped, gzip.compress(body))[1])
+    packed = {**headers, "Content-Encoding": encoding}
+    assert_texts(shadow.decode_request("/v2/models/embed/infer", packed, compress(body))[1])
+    # Not what it says it is: gzip and zlib raise errors of their own, not ValueError.
+    assert shadow.decode_request("/v2/models/embed/infer", packed, body) is None
+
+
+def test_an_unknown_encoding_is_skipped():
+    headers, body = kserve(binary=True)
     brotli = {**headers, "Content-Encoding": "br"}
     assert shadow.decode_request("/v2/models/embed/infer", brotli, body) is None
 
@@ -79,6 +89,16 @@ def test_a_grpc_frame_decodes_and_a_compressed_one_is_skipped():
     assert model == embedding.ENSEMBLE
     assert_texts(inputs)
     assert shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame(compressed=1)) is None
+
+
+def test_a_broken_grpc_frame_is_skipped():
+    frame = grpc_frame()
+    assert shadow.decode_request(shadow.GRPC_INFER, {}, frame[:-3]) is None  # cut short
+    # Cut where protobuf sees a whole message: only the frame's length tells.
+    longer = frame[:1] + (len(frame) - 5 + 10).to_bytes(4, "big") + frame[5:]
+    assert shadow.decode_request(shadow.GRPC_INFER, {}, longer) is None
+    garbage = b"\x00" + (5).to_bytes(4, "big") + b"\xff\xff\xff\xff\xff"
+    assert shadow.decode_request(shadow.GRPC_INFER, {}, garbage) is None  # not protobuf
 
 
 @pytest.mark.parametrize(
@@ -154,6 +174,33 @@ def test_a_version_s_error_counts_as_failed():
     assert comparator.compare("/v2/models/embed/infer", headers, body) == shadow.FAILED
     total = f"{shadow.SHADOW_METRIC}_total"
     assert sample(comparator, total, model="embed", outcome=shadow.FAILED) == 1
+
+
+def test_a_worker_outlives_what_it_cannot_read():
+    done = threading.Event()
+
+    def replay(model, inputs):
+        done.set()
+        return {}, {}
+
+    class Fragile(shadow.Comparator):
+        def compare(self, path, headers, body):
+            if path == "/crash":
+                raise RuntimeError("a bug of the comparator's own")
+            return super().compare(path, headers, body)
+
+    headers, body = kserve(binary=True)
+    with Fragile(replay, workers=1) as comparator:
+        broken = {**headers, "Content-Encoding": "gzip"}
+        comparator.submit("/v2/models/embed/infer", broken, body)  # not gzip
+        comparator.submit(shadow.GRPC_INFER, {}, b"\x00\x00\x00\x00\x02\xff\xff")
+        comparator.submit("/crash", {}, b"")
+        comparator.submit("/v2/models/embed/infer", headers, body)
+        assert done.wait(5), "the worker stopped at a request it could not read"
+    total = f"{shadow.SHADOW_METRIC}_total"
+    assert sample(comparator, total, model="embed", outcome=shadow.SKIPPED) == 1
+    # The broken gzip, the broken frame, the crash: none of them named a model that was read.
+    assert sample(comparator, total, model="other", outcome=shadow.SKIPPED) == 3
 
 
 def test_a_full_queue_drops_and_the_listener_answers_at_once():
