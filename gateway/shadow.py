@@ -14,7 +14,8 @@ version counts as failed; neither ever stops a worker:
     gateway_rollout_cosine{model}               histogram, near 1 when the versions agree
     gateway_rollout_shadow_total{model,outcome} compared, failed, skipped, dropped
 
-    python -m gateway.shadow --stable 127.0.0.1:8000 --canary 127.0.0.1:8100 --port 9147
+    python -m gateway.shadow --stable 127.0.0.1:8000 --canary 127.0.0.1:8100 --port 9147 \
+        --metrics-port 9146
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import tritonclient.http as httpclient
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, triton_to_np_dtype
 
+from client import connection
 from gateway.nginx.config import SERVED
 from pipelines import embedding
 
@@ -57,20 +59,45 @@ HTTP_INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(/versions/[0-9]+)?/infer$
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 OPENAI_EMBEDDINGS = "/v1/embeddings"
 
-Inputs = dict[str, tuple[np.ndarray, str]]  # name -> (array, Triton datatype)
+# name -> array; its Triton datatype is the dtype's (object: BYTES, bool: BOOL).
+Inputs = dict[str, np.ndarray]
+# A gRPC tensor's typed contents (InferTensorContents), by datatype; FP16 and BF16 have none.
+GRPC_CONTENTS = {
+    "BOOL": "bool_contents",
+    **dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents"),
+    "INT64": "int64_contents",
+    **dict.fromkeys(("UINT8", "UINT16", "UINT32"), "uint_contents"),
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def _dtype(datatype: str) -> type:
+    """The numpy type of a Triton datatype.
+
+    Raises:
+        ValueError: one that would not be sent on as it came (BF16 has no numpy type;
+            tritonclient holds it as float32).
+    """
+    dtype = triton_to_np_dtype(datatype)
+    if dtype is None or np_to_triton_dtype(dtype) != datatype:
+        raise ValueError(f"datatype {datatype} is not replayed")
+    return dtype
 
 
 def _array(raw: bytes, datatype: str, shape: Sequence[int]) -> np.ndarray:
     if datatype == "BYTES":
         return deserialize_bytes_tensor(raw).reshape(shape)
-    return np.frombuffer(raw, dtype=triton_to_np_dtype(datatype)).reshape(shape)
+    return np.frombuffer(raw, dtype=_dtype(datatype)).reshape(shape)
 
 
 def _from_json(data: list, datatype: str, shape: Sequence[int]) -> np.ndarray:
     if datatype == "BYTES":
         items = [d.encode("utf-8") if isinstance(d, str) else bytes(d) for d in np.ravel(data)]
         return np.array(items, dtype=np.object_).reshape(shape)
-    return np.array(data, dtype=triton_to_np_dtype(datatype)).reshape(shape)
+    return np.array(data, dtype=_dtype(datatype)).reshape(shape)
 
 
 def _kserve(headers: Mapping[str, str], body: bytes) -> Inputs:
@@ -83,16 +110,16 @@ def _kserve(headers: Mapping[str, str], body: bytes) -> Inputs:
         datatype, shape = tensor["datatype"], tensor["shape"]
         size = tensor.get("parameters", {}).get("binary_data_size")
         if size is None:
-            inputs[tensor["name"]] = (_from_json(tensor["data"], datatype, shape), datatype)
+            inputs[tensor["name"]] = _from_json(tensor["data"], datatype, shape)
         else:
             raw = body[offset : offset + size]
             offset += size
-            inputs[tensor["name"]] = (_array(raw, datatype, shape), datatype)
+            inputs[tensor["name"]] = _array(raw, datatype, shape)
     return inputs
 
 
 def _grpc(body: bytes) -> tuple[str, Inputs] | None:
-    """A gRPC ModelInferRequest frame (uncompressed, tensors as raw contents)."""
+    """A gRPC ModelInferRequest frame (uncompressed): raw contents, or each input's typed ones."""
     from tritonclient.grpc import service_pb2
 
     if len(body) < 5 or body[0] != 0:
@@ -101,25 +128,34 @@ def _grpc(body: bytes) -> tuple[str, Inputs] | None:
     if len(body) < 5 + length:
         return None  # cut short: protobuf would read what is there as a whole message
     request = service_pb2.ModelInferRequest.FromString(body[5 : 5 + length])
-    if len(request.raw_input_contents) != len(request.inputs):
-        return None  # typed contents: tritonclient never sends them
-    inputs = {
-        tensor.name: (_array(raw, tensor.datatype, tensor.shape), tensor.datatype)
-        for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True)
-    }
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        return None  # Triton refuses a request that mixes the two
+    inputs = {}
+    for index, tensor in enumerate(request.inputs):
+        if raw:
+            inputs[tensor.name] = _array(raw[index], tensor.datatype, tensor.shape)
+        else:
+            data = getattr(tensor.contents, GRPC_CONTENTS[tensor.datatype])
+            inputs[tensor.name] = _from_json(list(data), tensor.datatype, tensor.shape)
     return request.model_name, inputs
 
 
 def _openai(body: bytes) -> tuple[str, Inputs] | None:
-    """An OpenAI embeddings call: its texts as the model's TEXT (and TRUNCATE) rows."""
+    """An OpenAI embeddings call: its texts as the model's TEXT (and TRUNCATE) rows.
+
+    The inputs are those ``client.embed.build_inputs`` sends for the same texts.
+    """
     call = json.loads(body)
+    if call["model"] not in embedding.OPENAI_MODELS:
+        return None  # the gateway refuses it: nothing either version answered
     texts = [call["input"]] if isinstance(call["input"], str) else call["input"]
     if not texts or not all(isinstance(t, str) for t in texts):
         return None  # token arrays: not replayed
     rows = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
-    inputs = {embedding.TEXT: (rows, "BYTES")}
+    inputs = {embedding.TEXT: rows}
     if call.get("truncate"):
-        inputs[embedding.TRUNCATE] = (np.ones((len(texts), 1), dtype=bool), "BOOL")
+        inputs[embedding.TRUNCATE] = np.ones((len(texts), 1), dtype=bool)
     return call["model"], inputs
 
 
@@ -180,16 +216,16 @@ def infer(url: str, model: str, inputs: Inputs, rows: int = embedding.MAX_TEXTS)
     At most ``rows`` batch rows a request (an OpenAI call's texts come in one body, as many as
     the API takes); the answers are put back together.
     """
-    total = len(next(iter(inputs.values()))[0])
+    total = len(next(iter(inputs.values())))
     parts: dict[str, list[np.ndarray]] = {}
     with httpclient.InferenceServerClient(url, connection_timeout=10, network_timeout=30) as c:
         for start in range(0, total, rows):
             tensors = []
-            for name, (array, datatype) in inputs.items():
+            for name, array in inputs.items():
                 chunk = array[start : start + rows]
-                tensor = httpclient.InferInput(name, list(chunk.shape), datatype)
-                tensor.set_data_from_numpy(chunk)
-                tensors.append(tensor)
+                datatype = np_to_triton_dtype(chunk.dtype)
+                tensors.append(connection.make_input(httpclient, name, chunk, datatype))
+            # No outputs named: Triton answers all of them, as binary tensors.
             result = c.infer(model, tensors)
             for out in result.get_response()["outputs"]:
                 if out["datatype"] == "FP32":

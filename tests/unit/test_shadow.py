@@ -34,27 +34,33 @@ def kserve(binary: bool, truncate: bool = True) -> tuple[dict, bytes]:
         tensor = httpclient.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
-    body, length = httpclient.InferenceServerClient.generate_request_body(inputs)
+    outputs = [httpclient.InferRequestedOutput(embedding.EMBEDDING, binary_data=binary)]
+    body, length = httpclient.InferenceServerClient.generate_request_body(inputs, outputs)
     return ({"Inference-Header-Content-Length": str(length)} if length else {}), body
 
 
-def grpc_frame(compressed: int = 0) -> bytes:
-    """A gRPC ModelInferRequest frame for TEXTS, as tritonclient writes it."""
+def grpc_frame(compressed: int = 0, typed: bool = False) -> bytes:
+    """A gRPC ModelInferRequest frame for TEXTS, as tritonclient writes it (``typed``: each
+    input's values in its own ``contents``, as other gRPC clients may send them)."""
     request = service_pb2.ModelInferRequest(model_name=embedding.ENSEMBLE)
     for tensor in build_inputs(grpcclient, TEXTS, truncate=True):
         request.inputs.append(tensor._get_tensor())
         request.raw_input_contents.append(tensor._get_content())
+    if typed:
+        del request.raw_input_contents[:]
+        request.inputs[0].contents.bytes_contents.extend(t.encode("utf-8") for t in TEXTS)
+        request.inputs[1].contents.bool_contents.extend([True] * len(TEXTS))
     message = request.SerializeToString()
     return bytes([compressed]) + len(message).to_bytes(4, "big") + message
 
 
 def assert_texts(inputs: shadow.Inputs, truncate: bool = True) -> None:
-    array, datatype = inputs[embedding.TEXT]
-    assert datatype == "BYTES" and array.shape == (len(TEXTS), 1)
+    array = inputs[embedding.TEXT]
+    assert array.dtype == np.object_ and array.shape == (len(TEXTS), 1)
     assert [t.decode("utf-8") for t in array[:, 0]] == TEXTS
     if truncate:
-        flags, datatype = inputs[embedding.TRUNCATE]
-        assert datatype == "BOOL" and flags.shape == (len(TEXTS), 1) and flags.all()
+        flags = inputs[embedding.TRUNCATE]
+        assert flags.dtype == np.bool_ and flags.shape == (len(TEXTS), 1) and flags.all()
     else:
         assert embedding.TRUNCATE not in inputs
 
@@ -65,6 +71,20 @@ def test_triton_http_requests_decode_in_both_encodings(binary):
     model, inputs = shadow.decode_request("/v2/models/embed/versions/1/infer", headers, body)
     assert model == embedding.ENSEMBLE
     assert_texts(inputs)
+
+
+def test_numbers_keep_their_datatype():
+    values = np.arange(6, dtype=np.float16).reshape(2, 3)
+    for binary in (True, False):
+        tensor = httpclient.InferInput("X", [2, 3], "FP16")
+        tensor.set_data_from_numpy(values, binary_data=binary)
+        body, length = httpclient.InferenceServerClient.generate_request_body([tensor])
+        headers = {"Inference-Header-Content-Length": str(length)} if length else {}
+        _, inputs = shadow.decode_request("/v2/models/m/infer", headers, body)
+        assert inputs["X"].dtype == np.float16 and (inputs["X"] == values).all()
+    # BF16 has no numpy type: sent on as float32 it would be another request.
+    bf16 = {"inputs": [{"name": "X", "datatype": "BF16", "shape": [1], "data": [1.0]}]}
+    assert shadow.decode_request("/v2/models/m/infer", {}, json.dumps(bf16).encode()) is None
 
 
 @pytest.mark.parametrize(
@@ -84,11 +104,12 @@ def test_an_unknown_encoding_is_skipped():
     assert shadow.decode_request("/v2/models/embed/infer", brotli, body) is None
 
 
-def test_a_grpc_frame_decodes_and_a_compressed_one_is_skipped():
-    model, inputs = shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame())
+@pytest.mark.parametrize("typed", [False, True])
+def test_a_grpc_frame_decodes_and_a_compressed_one_is_skipped(typed):
+    model, inputs = shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame(typed=typed))
     assert model == embedding.ENSEMBLE
     assert_texts(inputs)
-    assert shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame(compressed=1)) is None
+    assert shadow.decode_request(shadow.GRPC_INFER, {}, grpc_frame(1, typed)) is None
 
 
 def test_a_broken_grpc_frame_is_skipped():
@@ -114,13 +135,15 @@ def test_an_openai_call_becomes_the_model_s_text_rows(call, truncate):
     assert_texts(inputs, truncate)
     one = {"model": "embed", "input": "one text"}
     _, inputs = shadow.decode_request(shadow.OPENAI_EMBEDDINGS, {}, json.dumps(one).encode())
-    assert inputs[embedding.TEXT][0].shape == (1, 1)
+    assert inputs[embedding.TEXT].shape == (1, 1)
 
 
 @pytest.mark.parametrize(
     "path, body",
     [
         (shadow.OPENAI_EMBEDDINGS, json.dumps({"model": "embed", "input": [[1, 2, 3]]})),
+        (shadow.OPENAI_EMBEDDINGS, json.dumps({"model": "embed", "input": []})),
+        (shadow.OPENAI_EMBEDDINGS, json.dumps({"model": "gpt-4", "input": "a text"})),
         (shadow.OPENAI_EMBEDDINGS, "not json"),
         ("/v2/models/embed/infer", '{"inputs": [{"name": "TEXT"}]}'),
         ("/v2/models/embed/ready", "{}"),
@@ -145,7 +168,7 @@ def sample(comparator: shadow.Comparator, name: str, **labels) -> float:
 
 def test_the_comparator_records_cosines_of_rollout_models_only():
     def replay(model, inputs):
-        rows = len(inputs[embedding.TEXT][0])
+        rows = len(inputs[embedding.TEXT])
         stable = np.tile([1.0, 0.0], (rows, 1))
         return {embedding.EMBEDDING: stable}, {embedding.EMBEDDING: stable + np.array([0, 0.11])}
 
