@@ -199,15 +199,19 @@ def decode_request(path: str, headers: Mapping[str, str], body: bytes) -> tuple[
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The cosine of each row of ``a`` with the same row of ``b`` (rows: the first axis).
 
+    Two zero rows agree (1); a zero row against another is 0.
+
     Raises:
-        ValueError: the two do not have the same shape.
+        ValueError: the two do not have the same shape, or have no first axis.
     """
-    if a.shape != b.shape:
+    if a.shape != b.shape or a.ndim == 0:
         raise ValueError(f"the versions answered shapes {a.shape} and {b.shape}")
     a = a.reshape(len(a), -1).astype(np.float64)
     b = b.reshape(len(b), -1).astype(np.float64)
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return np.sum(a * b, axis=1) / np.where(norms == 0, 1.0, norms)
+    cosines = np.sum(a * b, axis=1) / np.where(norms == 0, 1.0, norms)
+    both_zero = ~a.any(axis=1) & ~b.any(axis=1)
+    return np.where(both_zero, 1.0, cosines)
 
 
 def infer(url: str, model: str, inputs: Inputs, rows: int = embedding.MAX_TEXTS):
@@ -328,7 +332,14 @@ class Comparator:
         if not cosines:
             self.requests.labels(label, SKIPPED).inc()
             return SKIPPED
-        for value in np.concatenate(cosines):
+        values = np.concatenate(cosines)
+        if not np.isfinite(values).all():
+            # A NaN or inf answer is a broken version, and one NaN would make the histogram's
+            # sum NaN for as long as the process lives.
+            log.info("%s: not compared: an answer that is not finite", model)
+            self.requests.labels(label, FAILED).inc()
+            return FAILED
+        for value in values:
             self.cosine.labels(label).observe(float(value))
         self.requests.labels(label, COMPARED).inc()
         return COMPARED

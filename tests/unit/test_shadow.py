@@ -160,6 +160,9 @@ def test_row_cosines():
     assert shadow.row_cosines(a, b) == pytest.approx([1.0, 0.0, 1.0])
     with pytest.raises(ValueError, match="shapes"):
         shadow.row_cosines(a, b[:2])
+    zero = np.zeros((1, 2))
+    assert shadow.row_cosines(zero, zero) == pytest.approx([1.0])  # both answered nothing
+    assert shadow.row_cosines(zero, a[:1]) == pytest.approx([0.0])
 
 
 def sample(comparator: shadow.Comparator, name: str, **labels) -> float:
@@ -197,6 +200,19 @@ def test_a_version_s_error_counts_as_failed():
     assert comparator.compare("/v2/models/embed/infer", headers, body) == shadow.FAILED
     total = f"{shadow.SHADOW_METRIC}_total"
     assert sample(comparator, total, model="embed", outcome=shadow.FAILED) == 1
+
+
+def test_an_answer_that_is_not_finite_counts_as_failed():
+    def replay(model, inputs):
+        rows = np.ones((len(inputs[embedding.TEXT]), 2), dtype=np.float32)
+        canary = rows.copy()
+        canary[0, 0] = np.nan
+        return {embedding.EMBEDDING: rows}, {embedding.EMBEDDING: canary}
+
+    comparator = shadow.Comparator(replay)
+    headers, body = kserve(binary=True)
+    assert comparator.compare("/v2/models/embed/infer", headers, body) == shadow.FAILED
+    assert sample(comparator, f"{shadow.COSINE_METRIC}_count", model="embed") == 0
 
 
 def test_a_worker_outlives_what_it_cannot_read():
