@@ -7,8 +7,8 @@ gateway's rollout (``gateway/nginx/rollout.py``).
         --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
         --limits docker/nginx/limits.toml > nginx.conf
     python -m gateway.nginx render ... --canary-http triton-v2:8000 --canary-grpc triton-v2:8001 \
-        --rollout embed=0 --rollout-out rollout.conf > nginx.conf
-    python -m gateway.nginx rollout --conf /etc/nginx/nginx.conf embed=5
+        --rollout embed=0 --rollout-out /etc/nginx/rollout.json > nginx.conf
+    python -m gateway.nginx rollout --file /etc/nginx/rollout.json embed=5
 
 The deployments (docker/docker-compose.yml, docker/kubernetes/gateway.yaml) render theirs so,
 inside the image.
@@ -90,11 +90,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument(
         "--rollout-out",
         type=Path,
-        help=f"where to write the {config.ROLLOUT_FILE} that the config includes (beside it)",
+        help=f"a rollout's shares file ({config.ROLLOUT_FILE}): written there, and read there by "
+        "nginx, so give the path nginx will see",
     )
     m = sub.add_parser("rollout", help="move a rollout's shares on a running gateway")
-    m.add_argument("--conf", type=Path, required=True, help="the running gateway's nginx.conf")
-    m.add_argument("--prefix", type=Path, help="nginx's prefix (default: the config's folder)")
+    m.add_argument(
+        "--file", type=Path, required=True, help=f"the running gateway's {config.ROLLOUT_FILE}"
+    )
     m.add_argument("shares", nargs="+", type=config.parse_share, metavar="MODEL=PERCENT")
     how = m.add_mutually_exclusive_group()
     how.add_argument("--sticky", action="store_true", default=None, help="per tenant from now")
@@ -123,15 +125,15 @@ def gateway(args: argparse.Namespace) -> config.Gateway:
         shaping=config.Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
         openai=config.OpenAI() if args.openai else None,
         tls=config.TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
-        rollout=rollout.from_args(args),
+        rollout=rollout.from_args(args, args.rollout_out),
     )
 
 
 def move(args: argparse.Namespace) -> int:
-    """``rollout``: move the shares, print what changed; 1 if nginx refused or did not reload."""
+    """``rollout``: move the shares, print what changed; 1 if they were refused."""
     try:
-        before, after = rollout.move(args.conf, dict(args.shares), args.sticky, args.prefix)
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        before, after = rollout.move(args.file, dict(args.shares), args.sticky)
+    except (ValueError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 1
     was = dict(before.models)
@@ -155,16 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     text = config.render(context)
-    beside = {}
     if context.rollout is not None:
-        beside[config.ROLLOUT_FILE] = config.render_rollout(context.rollout.shares)
         if args.rollout_out is None:
             print(f"a rollout needs --rollout-out ({config.ROLLOUT_FILE})", file=sys.stderr)
             return 2
-        args.rollout_out.write_text(beside[config.ROLLOUT_FILE])
+        rollout.write(args.rollout_out, context.rollout.shares)
     if args.check:
         try:
-            config.check_config(text, beside=beside)
+            config.check_config(text)
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 1

@@ -59,7 +59,7 @@ TEMPLATE = Path(__file__).with_name("nginx.conf.j2")
 # The scripts nginx runs (njs), in gateway/ where the deployments copy them from: gRPC routing
 # always, OpenAI's API with ``openai``.
 SCRIPTS_DIR = Path(__file__).parents[1]
-SCRIPTS = ("grpc.js", "openai.js")
+SCRIPTS = ("grpc.js", "openai.js", "rollout.js")
 # One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
 SHAPING_LOG = "logs/shaping.log"
 # The models clients may call through the gateway; the others are their steps.
@@ -390,8 +390,9 @@ class TLS:
 # The versions a request can go to in a rollout (its log line's "version").
 STABLE = "stable"
 CANARY = "canary"
-# Beside nginx.conf, which includes it: the rollout's shares, the one file a move rewrites.
-ROLLOUT_FILE = "rollout.conf"
+# A rollout's shares (JSON), which gateway/rollout.js reads for each request and a move
+# rewrites.
+ROLLOUT_FILE = "rollout.json"
 
 
 def parse_share(text: str) -> tuple[str, float]:
@@ -409,12 +410,13 @@ def parse_share(text: str) -> tuple[str, float]:
 
 @dataclass(frozen=True)
 class Shares:
-    """Each model's share of requests sent to a rollout's canary servers: ``rollout.conf``.
+    """Each model's share of requests sent to a rollout's canary servers (``rollout.json``).
 
-    Each request of a model with a share goes to the canary with that probability
-    (``split_clients`` on its request id), or, ``sticky``, every request of one tenant (with
-    shaping; else of one ``X-User-Id``) goes the same way. A share of 0 keeps the model in the
-    rollout (compared and logged per version) with no traffic on the canary.
+    Each request of a model with a share goes to the canary with that probability (the first
+    bits of its random request id), or, ``sticky``, every request of one tenant (with
+    shaping; else of one ``X-User-Id``) goes the same way (a hash of tenant and model). A share
+    of 0 keeps the model in the rollout (compared, logged per version) with no traffic on the
+    canary.
 
     Attributes:
         models: (model, percent of its requests sent to the canary), per served model.
@@ -431,21 +433,13 @@ class Shares:
             if not 0 <= share <= 100:
                 raise ValueError(f"{model}: a share is a percent, 0 to 100, not {share}")
 
-    @property
-    def splits(self) -> list[tuple[str, str, str]]:
-        """(model, its variable, split_clients' percent) for each model."""
-        return [
-            (model, f"$rollout_{i}", f"{share:.2f}".rstrip("0").rstrip(".") + "%")
-            for i, (model, share) in enumerate(self.models)
-        ]
-
     def moved(self, changes: dict[str, float], sticky: bool | None = None) -> Shares:
         """These shares with ``changes`` applied (a model not named keeps its share)."""
         models = dict(self.models) | changes
         return Shares(tuple(models.items()), self.sticky if sticky is None else sticky)
 
     def as_json(self) -> str:
-        """One line that ``from_json`` reads back (the state kept in ``rollout.conf``)."""
+        """The file gateway/rollout.js reads, and ``from_json`` too."""
         return json.dumps({"models": dict(self.models), "sticky": self.sticky})
 
     @classmethod
@@ -461,14 +455,16 @@ class Rollout:
 
     The canary servers serve the new version under the same model names (KServe's canary
     revision; e.g. ``embed`` whose encoder is INT8), so a request needs no rewriting: the
-    gateway picks the servers. The shares live in ``rollout.conf`` beside nginx.conf
-    (``render_rollout``), so that moving them rewrites that file alone and reloads nginx,
-    which finishes every request in flight on the old workers (``gateway.nginx.rollout``).
+    gateway picks the servers. The shares live in a file of their own that
+    gateway/rollout.js reads for every request, so that moving them is a rewrite of that file
+    (``gateway.nginx.rollout``): no reload, no connection closed.
 
     Attributes:
         http: the canary servers' HTTP endpoints.
         grpc: their gRPC endpoints.
         shares: the models in the rollout and their shares at start.
+        shares_file: where nginx reads the shares (``render_rollout`` writes its text), as
+            nginx sees it: an absolute path.
         shadow: host:port of the comparator (``python -m gateway.shadow``), which receives a
             sampled copy of the models' requests and compares the two versions' answers;
             None: none.
@@ -478,6 +474,7 @@ class Rollout:
     http: tuple[str, ...]
     grpc: tuple[str, ...]
     shares: Shares = Shares()
+    shares_file: str = ROLLOUT_FILE
     shadow: str | None = None
     sample: float = 1.0
 
@@ -543,7 +540,6 @@ _TEMPLATES.globals.update(
     UNKNOWN_MODEL=UNKNOWN_MODEL,
     STABLE=STABLE,
     CANARY=CANARY,
-    ROLLOUT_FILE=ROLLOUT_FILE,
 )
 
 
@@ -559,18 +555,12 @@ def render(gateway: Gateway) -> str:
 
 
 def render_rollout(shares: Shares) -> str:
-    """``rollout.conf``: each model's share of requests to the canary, included by nginx.conf.
-
-    Its first line holds the shares as JSON (``Shares.from_json``), for the next move.
-    """
-    text = _TEMPLATES.get_template("rollout.conf.j2").render(shares=shares)
-    return f"# {shares.as_json()}\n{text}"
+    """The shares file's text: each model's share of requests to the canary."""
+    return shares.as_json() + "\n"
 
 
-def check_config(text: str, nginx: str | None = None, beside: dict[str, str] | None = None) -> None:
+def check_config(text: str, nginx: str | None = None) -> None:
     """Run ``nginx -t`` on a rendered config, in a throwaway prefix (nothing else is touched).
-
-    ``beside``: the files it includes (name → text), written next to it.
 
     Raises:
         ValueError: nginx refused the config; the message is what nginx said.
@@ -582,8 +572,6 @@ def check_config(text: str, nginx: str | None = None, beside: dict[str, str] | N
             Path(prefix, folder).mkdir()
         config = Path(prefix, "nginx.conf")
         config.write_text(text)
-        for name, included in (beside or {}).items():
-            Path(prefix, name).write_text(included)
         done = subprocess.run(
             [binary, "-t", "-p", f"{prefix}/", "-c", str(config), "-e", "stderr"],
             capture_output=True,

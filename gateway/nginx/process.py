@@ -28,7 +28,7 @@ class Nginx(ManagedProcess):
     Ports of 0 are replaced by free ones at start. The arguments are those of the config's
     context (``gateway.nginx.config``): upstreams, ports, ``limits`` for token buckets (None:
     no shaping), ``openai`` for OpenAI's embeddings API, ``canary`` for a rollout (``python
-    -m gateway.nginx rollout --conf`` with its ``config_path`` moves the shares), and what
+    -m gateway.nginx rollout --file`` with its ``rollout_path`` moves the shares), and what
     clients may hold.
     """
 
@@ -106,6 +106,13 @@ class Nginx(ManagedProcess):
         return self.prefix / config.SHAPING_LOG
 
     @property
+    def rollout_path(self) -> Path:
+        """A rollout's shares file (inside the prefix): what ``gateway.nginx.rollout`` moves."""
+        if self.prefix is None:
+            raise RuntimeError("nginx has not been prepared yet")
+        return self.prefix / config.ROLLOUT_FILE
+
+    @property
     def config_path(self) -> Path:
         """The rendered config (inside the prefix)."""
         if self.prefix is None:
@@ -120,10 +127,12 @@ class Nginx(ManagedProcess):
         (self.prefix / "tmp").mkdir()
         self.shaping_log.parent.mkdir()
         listen = config.Listen(self.http_port, self.grpc_port, self.host)
-        self.config_path.write_text(config.render(replace(self.gateway, listen=listen)))
-        if self.gateway.rollout is not None:
-            shares = config.render_rollout(self.gateway.rollout.shares)
-            rollout.rollout_file(self.config_path).write_text(shares)
+        gateway = replace(self.gateway, listen=listen)
+        if gateway.rollout is not None:
+            canary = replace(gateway.rollout, shares_file=str(self.rollout_path))
+            gateway = replace(gateway, rollout=canary)
+            rollout.write(self.rollout_path, canary.shares)
+        self.config_path.write_text(config.render(gateway))
 
     def command(self) -> list[str]:
         """``nginx -p PREFIX -c CONF -e stderr -g 'daemon off;'`` (in the foreground)."""

@@ -133,7 +133,8 @@ def gateway(server, canary, comparator, tmp_path_factory):
     """nginx with the rollout of embed at 0 %, every request of it copied to the comparator,
     and the exporter of its request log serving /metrics (its address last)."""
     shares = Shares(((embedding.ENSEMBLE, 0),))
-    rollout = Rollout((canary.http_url,), (canary.grpc_url,), shares, comparator[1], SAMPLE)
+    canaries = ((canary.http_url,), (canary.grpc_url,))
+    rollout = Rollout(*canaries, shares, shadow=comparator[1], sample=SAMPLE)
     log_path = tmp_path_factory.mktemp("nginx") / "nginx.log"
     with Nginx(
         [server.http_url], [server.grpc_url], openai=OpenAI(), canary=rollout, log_path=log_path
@@ -217,7 +218,7 @@ def openai_sender(nginx, versions):
 
 def move(nginx: Nginx, *shares: str, sticky: bool = False) -> str:
     """The operator's command, as a subprocess: ``python -m gateway.nginx rollout``."""
-    command = [sys.executable, "-m", "gateway.nginx", "rollout", "--conf", str(nginx.config_path)]
+    command = [sys.executable, "-m", "gateway.nginx", "rollout", "--file", str(nginx.rollout_path)]
     command += [*shares, "--sticky" if sticky else "--per-request"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr

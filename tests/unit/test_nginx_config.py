@@ -6,13 +6,14 @@ these are the variants they leave out, and what holds for every rendered config.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 
 import pytest
 
 from gateway import shaping
-from gateway.nginx import config
+from gateway.nginx import config, rollout
 
 ONE = config.Upstreams(("127.0.0.1:9",), ("127.0.0.1:10",))
 SEVERAL = config.Upstreams(("127.0.0.1:9", "127.0.0.1:11", "127.0.0.1:13"), ("127.0.0.1:10",))
@@ -68,17 +69,10 @@ VARIANTS = {
 }
 
 
-def included(gateway: config.Gateway) -> dict[str, str]:
-    """The files a rendered config includes: a rollout's shares."""
-    if gateway.rollout is None:
-        return {}
-    return {config.ROLLOUT_FILE: config.render_rollout(gateway.rollout.shares)}
-
-
 @pytest.mark.parametrize("name", VARIANTS)
 def test_each_variant_passes_nginx_t_and_leaves_no_gaps(nginx_binary, name):
     text = config.render(VARIANTS[name])
-    config.check_config(text, nginx_binary, beside=included(VARIANTS[name]))
+    config.check_config(text, nginx_binary)
     # A section that is off leaves no line behind: no blank line opening a block, none doubled.
     assert "{\n\n" not in text and "\n\n\n" not in text
     assert all(line == line.rstrip() for line in text.splitlines())
@@ -109,25 +103,28 @@ def test_a_rollout_picks_the_servers_of_each_request_s_version():
     # version, which the plain gateway does not.
     assert text.count("mirror /_rollout_shadow;") == 3
     assert '"version":"$rollout_version"' in text
-    assert text.count(f"include {config.ROLLOUT_FILE};") == 1
+    assert f'js_var $rollout_file "{config.ROLLOUT_FILE}";' in text
+    assert "js_set $rollout_version rollout.version;" in text
     plain = config.render(VARIANTS["plain"])
     assert "rollout" not in plain and "$http_servers" not in plain
 
 
-def test_shares_render_as_split_clients_and_keep_their_state():
+def test_shares_are_written_whole_and_moved(tmp_path):
     shares = config.Shares((("embed", 0.5), ("classify", 0), ("embed_int8", 100)))
-    text = config.render_rollout(shares)
-    assert config.Shares.from_json(text.split("\n", 1)[0].removeprefix("# ")) == shares
-    split = 'split_clients "${request_id}embed" $rollout_0 {\n    0.5% canary;\n    * stable;'
-    assert split in text
-    assert 'split_clients "${request_id}classify" $rollout_1 {\n    * stable;\n}' in text
-    assert "    100% canary;\n" in text
-    assert "    embed_int8 $rollout_2;\n" in text
-    sticky = config.render_rollout(config.Shares((("embed", 5),), sticky=True))
-    assert 'split_clients "${rollout_tenant}embed"' in sticky
-    moved = shares.moved({"classify": 50}, sticky=True)
-    assert dict(moved.models) == {"embed": 0.5, "classify": 50, "embed_int8": 100}
-    assert moved.sticky
+    assert json.loads(config.render_rollout(shares)) == {
+        "models": {"embed": 0.5, "classify": 0, "embed_int8": 100},
+        "sticky": False,
+    }
+    path = tmp_path / config.ROLLOUT_FILE
+    rollout.write(path, shares)
+    before, after = rollout.move(path, {"classify": 50}, sticky=True)
+    assert before == shares and rollout.current(path) == after
+    assert dict(after.models) == {"embed": 0.5, "classify": 50, "embed_int8": 100}
+    assert after.sticky
+    # A refused move leaves the file as it was.
+    with pytest.raises(ValueError, match="a share is a percent"):
+        rollout.move(path, {"embed": 150})
+    assert rollout.current(path) == after
 
 
 @pytest.mark.parametrize(
