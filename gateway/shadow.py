@@ -38,7 +38,6 @@ import tritonclient.http as httpclient
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, triton_to_np_dtype
 
-from client import connection
 from gateway.nginx.config import SERVED
 from pipelines import embedding
 
@@ -228,7 +227,10 @@ def infer(url: str, model: str, inputs: Inputs, rows: int = embedding.MAX_TEXTS)
             for name, array in inputs.items():
                 chunk = array[start : start + rows]
                 datatype = np_to_triton_dtype(chunk.dtype)
-                tensors.append(connection.make_input(httpclient, name, chunk, datatype))
+                # Built here, not with client.connection: the gateway's image has no client/.
+                tensor = httpclient.InferInput(name, list(chunk.shape), datatype)
+                tensor.set_data_from_numpy(chunk, binary_data=True)
+                tensors.append(tensor)
             # No outputs named: Triton answers all of them, as binary tensors.
             result = c.infer(model, tensors)
             for out in result.get_response()["outputs"]:
