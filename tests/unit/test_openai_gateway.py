@@ -63,7 +63,10 @@ def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(nginx_binary, tmp
     for name in config.SCRIPTS:
         shutil.copy(config.SCRIPTS_DIR / name, tmp_path / name)
     runtime = config.Runtime(js_dir=str(tmp_path))
-    good = config.render(config.Gateway(UPSTREAMS, LISTEN, runtime=runtime, openai=config.OpenAI()))
+    canary = config.Rollout(("127.0.0.1:19",), ("127.0.0.1:20",))  # rollout.js is read with one
+    good = config.render(
+        config.Gateway(UPSTREAMS, LISTEN, runtime=runtime, openai=config.OpenAI(), rollout=canary)
+    )
     config.check_config(good, nginx_binary)
     broken = (tmp_path / script).read_text().replace("function ", "function (", 1)
     (tmp_path / script).write_text(broken)
