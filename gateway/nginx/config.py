@@ -51,13 +51,12 @@ __all__ = [
     "find_nginx",
     "parse_share",
     "render",
-    "render_rollout",
 ]
 
 # Beside this module: the container image holds gateway/, not docker/ (.dockerignore).
 TEMPLATE = Path(__file__).with_name("nginx.conf.j2")
 # The scripts nginx runs (njs), in gateway/ where the deployments copy them from: gRPC routing
-# always, OpenAI's API with ``openai``.
+# always, OpenAI's API with ``openai``, each request's version with a ``rollout``.
 SCRIPTS_DIR = Path(__file__).parents[1]
 SCRIPTS = ("grpc.js", "openai.js", "rollout.js")
 # One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
@@ -463,8 +462,8 @@ class Rollout:
         http: the canary servers' HTTP endpoints.
         grpc: their gRPC endpoints.
         shares: the models in the rollout and their shares at start.
-        shares_file: where nginx reads the shares (``render_rollout`` writes its text), as
-            nginx sees it: an absolute path.
+        shares_file: where nginx reads the shares (``Shares.as_json``), as nginx sees it: an
+            absolute path.
         shadow: host:port of the comparator (``python -m gateway.shadow``), which receives a
             sampled copy of the models' requests and compares the two versions' answers;
             None: none.
@@ -552,11 +551,6 @@ def render(gateway: Gateway) -> str:
     template = _TEMPLATES.get_template(TEMPLATE.name)
     context = {f.name: getattr(gateway, f.name) for f in fields(gateway)}
     return template.render(context, request_log=gateway.request_log)
-
-
-def render_rollout(shares: Shares) -> str:
-    """The shares file's text: each model's share of requests to the canary."""
-    return shares.as_json() + "\n"
 
 
 def check_config(text: str, nginx: str | None = None) -> None:

@@ -32,7 +32,7 @@ def current(path: Path) -> config.Shares:
 def write(path: Path, shares: config.Shares) -> None:
     """Put ``shares`` in ``path`` at once (a file beside it, renamed over it)."""
     staged = path.with_name(f".{path.name}.new")
-    staged.write_text(config.render_rollout(shares))
+    staged.write_text(shares.as_json() + "\n")
     os.replace(staged, path)
 
 

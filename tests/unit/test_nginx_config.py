@@ -111,7 +111,7 @@ def test_a_rollout_picks_the_servers_of_each_request_s_version():
 
 def test_shares_are_written_whole_and_moved(tmp_path):
     shares = config.Shares((("embed", 0.5), ("classify", 0), ("embed_int8", 100)))
-    assert json.loads(config.render_rollout(shares)) == {
+    assert json.loads(shares.as_json()) == {
         "models": {"embed": 0.5, "classify": 0, "embed_int8": 100},
         "sticky": False,
     }
