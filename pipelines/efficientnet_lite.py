@@ -205,3 +205,31 @@ def load_pretrained(path: Path | None = None) -> EfficientNetLite0:
     model = EfficientNetLite0()
     model.load_state_dict({_rename(k): v for k, v in state.items()}, strict=True)
     return model.eval()
+
+
+def fold_batchnorm(model: EfficientNetLite0) -> EfficientNetLite0:
+    """The same network with every BatchNorm folded into the convolution before it, in place.
+
+    Inference only (BatchNorm in eval mode is an affine map per channel): 17 fewer kernels per
+    block on a GPU, where the eager forward is launch-bound. Fold in float32, before any cast
+    to a lower precision. Logits agree with the unfolded network to float32 rounding
+    (tests/unit/test_gpu_runner.py).
+    """
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    def fold(owner: nn.Module, conv_name: str, bn_name: str) -> None:
+        conv, bn = getattr(owner, conv_name).eval(), getattr(owner, bn_name).eval()
+        if isinstance(conv, SamePadConv):  # its padding at [0], the convolution at [1]
+            conv[1] = fuse_conv_bn_eval(conv[1], bn)
+        else:
+            setattr(owner, conv_name, fuse_conv_bn_eval(conv, bn))
+        setattr(owner, bn_name, nn.Identity())
+
+    fold(model, "_conv_stem", "_bn0")
+    for block in model._blocks:
+        if block.has_expand:
+            fold(block, "_expand_conv", "_bn0")
+        fold(block, "_depthwise_conv", "_bn1")
+        fold(block, "_project_conv", "_bn2")
+    fold(model, "_conv_head", "_bn1")
+    return model.eval()

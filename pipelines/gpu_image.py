@@ -53,18 +53,37 @@ def gpu_decodable(data: bytes) -> bool:
 
 
 def crop_resize(chw: torch.Tensor, size: int = classification.IMAGE_SIZE) -> torch.Tensor:
-    """uint8 [3, H, W] → the central ``CROP_FRACTION`` square resized to [size, size, 3] uint8.
+    """uint8 [3, H, W] → the central ``CROP_FRACTION`` square resized to [3, size, size] uint8.
 
     The same crop as ``image.center_crop_resize``; bicubic with antialiasing, as Pillow does
     when it shrinks.
     """
-    _, height, width = chw.shape
+    return crop_resize_batch(chw[None], size)[0]
+
+
+def crop_resize_batch(frames: torch.Tensor, size: int = classification.IMAGE_SIZE) -> torch.Tensor:
+    """``crop_resize`` of frames of one size, [n, 3, H, W] uint8, in one interpolation."""
+    _, _, height, width = frames.shape
     left, top, side = image.crop_box(width, height)
-    crop = chw[None, :, top : top + side, left : left + side].float()
+    crop = frames[:, :, top : top + side, left : left + side].float()
     resized = torch.nn.functional.interpolate(
         crop, size=(size, size), mode="bicubic", antialias=True, align_corners=False
     )
-    return resized[0].round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def resize_by_source_size(frames: Sequence[torch.Tensor], out: torch.Tensor, slots) -> None:
+    """Crop and resize decoded frames into ``out[slots[i]]``, one kernel chain per source size.
+
+    Photos of a batch come in a few sizes (a camera's, a site's thumbnails): stacking the frames
+    of each size runs its crop and resize once for all of them, not once per image.
+    """
+    by_size: dict[tuple[int, ...], list[int]] = {}
+    for i, frame in enumerate(frames):
+        by_size.setdefault(tuple(frame.shape), []).append(i)
+    for members in by_size.values():
+        stacked = torch.stack([frames[i] for i in members])
+        out[[slots[i] for i in members]] = crop_resize_batch(stacked)
 
 
 def preprocess_batch(
@@ -73,31 +92,25 @@ def preprocess_batch(
     """Like ``image.preprocess_batch``, with the pixels on ``device``: uint8 [n, 3, 224, 224]."""
     decode = _decode_jpeg() if device != "cpu" else None
     on_gpu = [i for i, data in enumerate(images) if decode and gpu_decodable(data)]
-    rgb = torch.zeros(
-        (
-            len(images),
-            classification.IMAGE_SIZE,
-            classification.IMAGE_SIZE,
-            classification.CHANNELS,
-        ),
-        dtype=torch.uint8,
-        device=device,
+    side = classification.IMAGE_SIZE
+    pixels = torch.zeros(
+        (len(images), classification.CHANNELS, side, side), dtype=torch.uint8, device=device
     )
     errors: list[image.ImageError | None] = [None] * len(images)
     if on_gpu:
         try:
+            # One call for the batch: nvJPEG's batched decode (hardware decoder on A100/H100).
             frames = decode(
                 [torch.frombuffer(images[i], dtype=torch.uint8) for i in on_gpu], device
             )
-            for i, frame in zip(on_gpu, frames, strict=True):
-                rgb[i] = crop_resize(frame)
+            resize_by_source_size(frames, pixels, on_gpu)
         except RuntimeError as exc:  # nvJPEG refused the batch: Pillow decodes it instead
             log.warning("nvJPEG failed (%s); decoding %d images on the CPU", exc, len(on_gpu))
             on_gpu = []
     rest = sorted(set(range(len(images))) - set(on_gpu))
     if rest:
-        cpu_rgb, cpu_errors = image.rgb_batch([images[i] for i in rest])
-        rgb[rest] = torch.from_numpy(cpu_rgb).to(device)
+        cpu_pixels, cpu_errors = image.preprocess_batch([images[i] for i in rest])
+        pixels[rest] = torch.from_numpy(cpu_pixels).to(device)
         for i, error in zip(rest, cpu_errors, strict=True):
             errors[i] = error
-    return rgb.permute(0, 3, 1, 2).contiguous(), errors
+    return pixels, errors

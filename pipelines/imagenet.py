@@ -57,3 +57,19 @@ def _label_table() -> np.ndarray:
 def label_names(class_ids: np.ndarray) -> np.ndarray:
     """Object array of UTF-8 label bytes with the shape of ``class_ids`` (Triton TYPE_STRING)."""
     return _label_table()[class_ids]
+
+
+def top_k_tensor(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``top_k`` of a torch tensor, computed where it lies (a GPU), then one copy to the host.
+
+    Only [batch, 2k] numbers leave the device instead of [batch, classes] logits.
+    """
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(
+            f"{classification.TOP_K} must be between 1 and {logits.shape[-1]}, got {k}"
+        )
+    scores, ids = logits.float().softmax(dim=-1).topk(k, dim=-1)
+    both = scores.new_empty((len(scores), 2 * k))
+    both[:, :k], both[:, k:] = scores, ids  # class ids < 2**24 are exact in float32
+    host = both.cpu().numpy()
+    return host[:, k:].astype(np.int32), np.ascontiguousarray(host[:, :k])

@@ -181,6 +181,11 @@ def parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
 
 
+def max_batch_size(args: dict) -> int:
+    """The model config's ``max_batch_size`` (from ``initialize``'s args)."""
+    return int(json.loads(args["model_config"]).get("max_batch_size", 0))
+
+
 def error(message: str, code) -> pb_utils.InferenceResponse:
     """A response that fails this request only, with a message naming the problem.
 

@@ -1,52 +1,119 @@
-"""A Python-backend classifier that runs EfficientNet-Lite0 in PyTorch on its instance's device.
+"""EfficientNet-Lite0 in PyTorch on a Python-backend instance's device.
+
+The classifier step of the ``classify`` ensemble, and the model inside the one-step
+``classify_fused``, on a GPU.
 
 For GPU machines whose tritonserver has neither the TensorRT nor the onnxruntime-gpu backend
 (the bundled PyPI server; ``configs/gpu-local.pbtxt``). Inputs arrive through DLPack, on the
 GPU when the previous step produced them there; every request of an execute call is
 concatenated, run once and split back.
+
+What the config's parameters switch (all off by default; docs/gpu.md has what each changed):
+
+* ``buckets`` ("8,16,32,64,128"): on a GPU, pad every batch to the next of these sizes and run
+  each size once at start, so no request pays for a shape the model has not seen;
+* ``cuda_graphs`` (yes): with buckets, capture each bucket as a CUDA graph and replay it;
+* ``fold_batchnorm`` (yes): fold BatchNorm into the convolutions before the cast to FP16;
+* ``output_device`` (cpu): hand the logits over in host memory instead of on the GPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from pipelines import classification, efficientnet_lite
+from pipelines import buckets, classification, efficientnet_lite, gpu_image, imagenet
 from pipelines.backend import batching as bk
 from pipelines.backend import torch_io
+from pipelines.graphs import BucketedRunner
+
+
+class ImageClassifier:
+    """EfficientNet-Lite0 on one device: uint8 pixels → logits (FP16 on a GPU, fp32 on a CPU).
+
+    Args:
+        device: ``cuda:N`` or ``cpu``.
+        weights: a state dict file to load instead of the pinned package (sha256-checked).
+        sizes: buckets to pad batches to (None: run each batch at its own size).
+        cuda_graphs: with ``sizes``, replay a CUDA graph per bucket (CUDA devices only).
+        fold: fold BatchNorm into the convolutions first.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        weights: Path | None = None,
+        sizes: Sequence[int] | None = None,
+        cuda_graphs: bool = False,
+        fold: bool = False,
+    ):
+        self.device = device
+        self.dtype = torch.float16 if device != "cpu" else torch.float32
+        model = efficientnet_lite.load_pretrained(weights)
+        if fold:
+            model = efficientnet_lite.fold_batchnorm(model)
+        model = model.to(device, self.dtype)
+        self.model = model.to(memory_format=torch.channels_last)
+        row = torch.zeros(
+            (classification.CHANNELS, classification.IMAGE_SIZE, classification.IMAGE_SIZE),
+            dtype=torch.uint8,
+            device=device,
+        )
+        # Buckets bound the shapes a GPU sets up kernels and graphs for; a CPU instance (a
+        # machine without a GPU serving the GPU configs, as the tests do) runs each batch at its
+        # own size, where padding would only multiply the work.
+        if sizes and device != "cpu":
+            self.run = BucketedRunner(
+                self._forward, row, sizes, cuda_graphs, memory_format=torch.channels_last
+            )
+        else:
+            self.run = self._forward
+            self._forward(row[None])  # batch 1 warmed; every other size meets its first request
+
+    def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        # uint8 pixels: the network normalizes them in its own precision.
+        return self.model(pixels.contiguous(memory_format=torch.channels_last))
+
+    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Logits [n, 1000] on this device, in the model's precision."""
+        with torch.inference_mode():
+            return self.run(pixels.to(self.device, non_blocking=True))
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], device: str, max_batch_size: int):
+        """The classifier the model config's parameters describe (the module docstring)."""
+        sizes = params.get("buckets")
+        return cls(
+            device,
+            weights=Path(params["weights"]) if params.get("weights") else None,
+            sizes=buckets.parse(sizes, max_batch_size) if sizes else None,
+            cuda_graphs=params.get("cuda_graphs") == "yes",
+            fold=params.get("fold_batchnorm") == "yes",
+        )
 
 
 class TorchClassifier:
-    """EfficientNet-Lite0, FP16 and channels-last on a GPU (fp32 on a CPU instance)."""
+    """The classifier step: uint8 PIXELS in, LOGITS out, one forward pass per execute."""
 
     def initialize(self, args):
         """Load the pinned weights (sha256-checked) onto this instance's device and warm up."""
         self.name = args["model_name"]
         params = bk.parameters(args)
         self.device = torch_io.instance_device(args)
-        self.dtype = torch.float16 if self.device != "cpu" else torch.float32
-        weights = Path(params["weights"]) if params.get("weights") else None
-        model = efficientnet_lite.load_pretrained(weights).to(self.device, self.dtype)
-        self.model = model.to(memory_format=torch.channels_last)
-        self._run(
-            torch.zeros(
-                1,
-                classification.CHANNELS,
-                classification.IMAGE_SIZE,
-                classification.IMAGE_SIZE,
-                dtype=torch.uint8,
-            )
-        )
+        max_batch = bk.max_batch_size(args)
+        self.classifier = ImageClassifier.from_parameters(params, self.device, max_batch)
+        to_host = params.get("output_device") == "cpu"
         self.run = bk.concatenated(
-            lambda b: {classification.LOGITS: self._run(b[classification.PIXELS])}, torch.cat
+            lambda b: {classification.LOGITS: self._logits(b[classification.PIXELS], to_host)},
+            torch.cat,
         )
 
-    def _run(self, pixels: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
-            # uint8 pixels: the network normalizes them in its own precision.
-            batch = pixels.to(self.device).contiguous(memory_format=torch.channels_last)
-            return self.model(batch).float()
+    def _logits(self, pixels: torch.Tensor, to_host: bool) -> torch.Tensor:
+        logits = self.classifier.logits(pixels).float()
+        return logits.cpu() if to_host else logits
 
     def execute(self, requests):
         """One response per request, in order; one forward pass for all of them.
@@ -64,3 +131,24 @@ class TorchClassifier:
 
     def _read(self, request, name):
         return torch_io.input_tensor(request, name, self.device)
+
+
+class TorchImagePipeline:
+    """``classify_fused``'s work on a GPU: nvJPEG decode, resize, the model, top-k, in one process.
+
+    Nothing crosses a process boundary on the GPU: JPEG bytes come in from host memory, and
+    only each image's k ids and scores go back (docs/gpu.md says why this design).
+    """
+
+    def __init__(self, params: dict[str, str], device: str, max_batch_size: int):
+        self.device = device
+        self.classifier = ImageClassifier.from_parameters(params, device, max_batch_size)
+
+    def preprocess(self, images: list[bytes]):
+        """uint8 pixels [n, 3, 224, 224] on the device, and each image's error or None."""
+        return gpu_image.preprocess_batch(images, self.device)
+
+    def top_k(self, pixels: torch.Tensor, wanted: np.ndarray, k: int):
+        """(class ids, scores) of the ``wanted`` rows of ``pixels``, k each, on the host."""
+        rows = torch.from_numpy(wanted).to(pixels.device)
+        return imagenet.top_k_tensor(self.classifier.logits(pixels[rows]), k)

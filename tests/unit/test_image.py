@@ -220,7 +220,7 @@ def test_gpu_crop_resize_matches_pillow_on_real_photos(photos):
         full = image.decode(data)  # no DCT downscaling: nvJPEG decodes at full size too
         want = image.center_crop_resize(full).astype(np.int16)
         chw = torch.from_numpy(np.asarray(full).copy()).permute(2, 0, 1)
-        got = gpu_image.crop_resize(chw).numpy().astype(np.int16)
+        got = gpu_image.crop_resize(chw).permute(1, 2, 0).numpy().astype(np.int16)
         diff = np.abs(got - want)
         # Same crop box; Pillow and torch antialiased bicubic differ by rounding only.
         assert diff.mean() < 0.5 and np.percentile(diff, 99) <= 1, (name, diff.mean())

@@ -435,7 +435,7 @@ def test_torch_classifier_runs_the_batch_once_and_isolates_a_request_that_breaks
     from bench.harness.reference import ReferenceClassifier
 
     model = load(classification.CLASSIFIER, config_name="gpu-local")
-    passes = counted(monkeypatch, model.runner, "model", len)
+    passes = counted(monkeypatch, model.runner.classifier, "model", len)
     pixels, _ = image.preprocess_batch([samples.photo_bytes(n) for n in ("chelsea", "coffee")])
     want = ReferenceClassifier(
         MODEL_REPOSITORY / classification.CLASSIFIER / "1" / "model.onnx"
