@@ -458,9 +458,8 @@ def perf_input(photos: list[bytes], directory: Path) -> Path:
     return path
 
 
-def server_config(**overrides):
-    """``classify`` alone, with the gpu-local configs, on free loopback ports."""
-    from pipelines import classification
+def server_config(models: tuple[str, ...] = ("classify",), **overrides):
+    """``models`` (and their steps), with the gpu-local configs, on free loopback ports."""
     from server import ServerConfig
 
     return ServerConfig(
@@ -468,7 +467,7 @@ def server_config(**overrides):
         grpc_port=0,
         metrics_port=0,
         model_config_name="gpu-local",
-        extra_args=["--model-control-mode=explicit", f"--load-model={classification.ENSEMBLE}"],
+        extra_args=["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)],
         **overrides,
     )
 

@@ -1,12 +1,13 @@
 """The image models' Python-backend adapters: preprocess, postprocess, and classify_fused.
 
 preprocess and postprocess are the Python steps of the ``classify`` ensemble. classify_fused
-runs the same pipeline in one step, for the CPU: there every Python step costs a round trip to
-its stub process and meets caches the previous step's process left cold, which together cost
-more than the steps' own work (measured: docs/performance.md). One execute decodes every image
-of every request, runs the classifier's own ``model.onnx`` once over the decoded ones and takes
-each request's top k. Requests are read, refused and answered by the same functions in all
-three, so the two paths answer alike, errors included.
+runs the same pipeline in one step. On the CPU every Python step costs a round trip to its stub
+process and meets caches the previous step's process left cold, which together cost more than
+the steps' own work (measured: docs/performance.md); on a GPU it also keeps every GPU tensor in
+one process (docs/gpu.md). One execute decodes every image of every request, runs the
+classifier once over the decoded ones and takes each request's top k. Requests are read,
+refused and answered by the same functions in all three, so the paths answer alike, errors
+included.
 """
 
 from __future__ import annotations
@@ -87,7 +88,13 @@ def respond_top_k(logits: np.ndarray, rows: list[tuple[int, int]], ks: list[int]
 
     One softmax and sort for all of them, with the largest k asked.
     """
-    ids, scores = imagenet.top_k(logits, max(ks))
+    return top_k_answers(*imagenet.top_k(logits, max(ks)), rows, ks)
+
+
+def top_k_answers(
+    ids: np.ndarray, scores: np.ndarray, rows: list[tuple[int, int]], ks: list[int]
+) -> list[dict]:
+    """Each request's outputs from the top ``max(ks)`` ids and scores of all their rows."""
     out = []
     for (start, end), k in zip(rows, ks, strict=True):
         # Rows are sorted, so the first k of the largest k are this request's top k.
@@ -116,6 +123,9 @@ class PreprocessModel:
         self.device = torch_io.instance_device(args)
         self.metrics = metrics.PreprocessMetrics(args)
         self.respond = bk.respond_arrays if self.device == "cpu" else torch_io.respond_tensors
+        # output_device cpu: decode on the GPU, hand the pixels over in host memory (a
+        # diagnostic variant: no GPU tensor crosses to the classifier's process).
+        self.to_host = self.device != "cpu" and bk.parameters(args).get("output_device") == "cpu"
 
     def finalize(self):
         """Release the metric series before the stub exits."""
@@ -132,6 +142,8 @@ class PreprocessModel:
         # Host time on both paths (on a GPU instance the resize may still be running).
         started = time.perf_counter()
         pixels, errors = self._pixels([img for images in items for img in images])
+        if self.to_host:
+            pixels = pixels.cpu()
         self.metrics.batch(time.perf_counter() - started, errors)
         return [
             rows
@@ -176,17 +188,47 @@ class PostprocessModel:
         )
 
 
+class OnnxImagePipeline:
+    """``classify_fused``'s work on a CPU: Pillow, the classifier's model.onnx, numpy top-k."""
+
+    def __init__(self, engine: engines.Engine):
+        self.engine = engine
+
+    @staticmethod
+    def preprocess(images: list[bytes]):
+        """uint8 pixels [n, 3, 224, 224] and each image's error or None."""
+        return image.preprocess_batch(images)
+
+    def top_k(self, pixels: np.ndarray, wanted: np.ndarray, k: int):
+        """(class ids, scores) of the ``wanted`` rows of ``pixels``, k each."""
+        (logits,) = self.engine({classification.PIXELS: pixels[wanted]})
+        return imagenet.top_k(logits, k)
+
+
 class FusedClassifyModel:
-    """classify_fused: image bytes to top-k labels in one execute, for the CPU."""
+    """classify_fused: image bytes to top-k labels in one execute.
+
+    On a CPU (``runtime`` onnxruntime, the default) Pillow decodes and the classifier's own
+    model.onnx runs on onnxruntime. On a GPU instance (``runtime: torch``, configs/gpu-local)
+    nvJPEG decodes, the model runs in PyTorch at padded batch sizes (CUDA graphs) and the top k
+    are taken on the GPU (``pipelines.backend.torch_model.TorchImagePipeline``).
+    """
 
     def initialize(self, args):
-        """Open the classifier's model.onnx with this step's thread budget; load the labels."""
+        """Open the model this config names, on this instance's device; load the labels."""
         self.name = args["model_name"]
         params = bk.parameters(args)
         self.default_k = int(params.get("top_k", classification.DEFAULT_TOP_K))
-        # The path is relative to the repository, which is this model folder's parent.
-        onnx_path = Path(args["model_repository"]).parent / params["model"]
-        self.engine = engines.open_engine(onnx_path, [classification.LOGITS], params)
+        if params.get("runtime") == "torch":
+            from pipelines.backend.torch_model import TorchImagePipeline  # GPU hosts only
+
+            device = torch_io.instance_device(args)
+            self.pipeline = TorchImagePipeline(params, device, bk.max_batch_size(args))
+        else:
+            # The path is relative to the repository, which is this model folder's parent.
+            onnx_path = Path(args["model_repository"]).parent / params["model"]
+            engine = engines.open_engine(onnx_path, [classification.LOGITS], params)
+            self.pipeline = OnnxImagePipeline(engine)
         self.metrics = metrics.PreprocessMetrics(args)
         imagenet.label_names(np.zeros(1, dtype=np.int32))
 
@@ -200,7 +242,7 @@ class FusedClassifyModel:
 
     def _run(self, items: list[tuple[list[bytes], int]]) -> list[dict | Exception]:
         started = time.perf_counter()
-        pixels, errors = image.preprocess_batch([img for images, _ in items for img in images])
+        pixels, errors = self.pipeline.preprocess([img for images, _ in items for img in images])
         self.metrics.batch(time.perf_counter() - started, errors)
         slots = per_request([len(images) for images, _ in items], errors)
         good = [
@@ -210,9 +252,9 @@ class FusedClassifyModel:
         if good:
             # Only the requests whose images all decoded reach the model, in one run.
             wanted = np.concatenate([np.arange(*rows) for rows, _ in good])
-            (logits,) = self.engine({classification.PIXELS: pixels[wanted]})
-            rows = spans([end - start for (start, end), _ in good])
-            outputs = respond_top_k(logits, rows, [k for _, k in good])
+            ks = [k for _, k in good]
+            ids, scores = self.pipeline.top_k(pixels, wanted, max(ks))
+            outputs = top_k_answers(ids, scores, spans([e - s for (s, e), _ in good]), ks)
         answers = iter(outputs)
         return [rows if isinstance(rows, Exception) else next(answers) for rows in slots]
 

@@ -24,13 +24,16 @@ pytestmark = pytest.mark.integration
 def gpu_local_server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("triton-gpu-local") / "tritonserver.log"
     # What `make gpu-check` serves, one instance per (absent) GPU.
-    with Server(gpu_check.server_config(instances_per_gpu=1), log_path=log_path) as running:
+    config = gpu_check.server_config(
+        (classification.ENSEMBLE, classification.FUSED), instances_per_gpu=1
+    )
+    with Server(config, log_path=log_path) as running:
         yield running
 
 
 def test_gpu_groups_become_cpu_groups_without_a_gpu(gpu_local_server):
     client = httpclient.InferenceServerClient(gpu_local_server.http_url)
-    for model in (classification.CLASSIFIER, classification.PREPROCESS):
+    for model in (classification.CLASSIFIER, classification.PREPROCESS, classification.FUSED):
         groups = client.get_model_config(model)["instance_group"]
         assert [g["kind"] for g in groups] == ["KIND_CPU"], groups
         assert groups[0]["count"] == 1  # instances_per_gpu overrides the config's count
@@ -52,3 +55,20 @@ def test_a_bad_image_fails_alone_through_the_torch_path(gpu_local_server, photos
         with pytest.raises(Exception, match="IMAGE"):
             client.classify([b"not an image"])
         assert client.classify([photos["chelsea"]]) == good
+
+
+def test_the_fused_gpu_step_answers_as_the_reference_over_both_protocols(
+    gpu_local_server, reference, photos
+):
+    """classify_fused's gpu-local config (one step: decode, the PyTorch model, top-k on the
+    device), on a CPU instance: the same answers as the in-process reference."""
+    images = list(photos.values())
+    config = httpclient.InferenceServerClient(gpu_local_server.http_url).get_model_config(
+        classification.FUSED
+    )
+    assert config["parameters"]["runtime"]["string_value"] == "torch"
+    for url, protocol in ((gpu_local_server.http_url, "http"), (gpu_local_server.grpc_url, "grpc")):
+        with ClassifyClient(url, protocol=protocol, model=classification.FUSED) as client:
+            assert_matches_reference(client.classify(images), reference, images)
+            with pytest.raises(Exception, match="IMAGE"):
+                client.classify([b"not an image"])
