@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -213,3 +214,29 @@ def encoder_alone(encoder_path: Path) -> Callable[[list[str]], np.ndarray]:
         return np.stack(out)
 
     return embed
+
+
+def gzip_of_zeros(inflated: int) -> bytes:
+    """A gzip stream of ``inflated`` zero bytes (whole MiBs), about a thousandth of that size."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(1 << 20)
+    return b"".join([*(packer.compress(block) for _ in range(inflated >> 20)), packer.flush()])
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (its peak since start, or since ``/proc/<pid>/clear_refs`` was given 5) of
+    a process, in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in status)
+    return {name: int(fields[name].split()[0]) for name in ("VmRSS", "VmHWM")}
+
+
+def inferences(http_url: str) -> int:
+    """Every request a tritonserver has counted, answered or failed, over all its models."""
+    import tritonclient.http as httpclient
+
+    with httpclient.InferenceServerClient(http_url) as client:
+        stats = client.get_inference_statistics()["model_stats"]
+    return sum(
+        int(s["inference_stats"][kind]["count"]) for s in stats for kind in ("success", "fail")
+    )

@@ -30,6 +30,7 @@ from gateway.shaping import ANONYMOUS, Limit, Limits
 from pipelines import classification, embedding
 
 __all__ = [
+    "ENCODING_REFUSED",
     "OVERLOADED",
     "SCRIPTS",
     "SCRIPTS_DIR",
@@ -70,6 +71,8 @@ GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # body) and sends its Triton requests (infer), by OpenAI model id.
 OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/(shape|infer)$"
 OVERLOADED = "too many requests at once from this address: retry after 1 s"
+# A body with a Content-Encoding (415): Triton 2.51 inflates one whole, with no bound.
+ENCODING_REFUSED = "a compressed request body is not accepted: send it without Content-Encoding"
 # When no server behind the gateway answers (all down, restarting, or too slow to connect).
 UNAVAILABLE = "no inference server answered the gateway: retry after 1 s"
 OPERATOR_ONLY = (
@@ -356,6 +359,20 @@ class OpenAI:
         )
 
     @property
+    def encoding_refused(self) -> str:
+        """OpenAI's error body for a call with a Content-Encoding (415)."""
+        return json.dumps(
+            {
+                "error": {
+                    "message": ENCODING_REFUSED,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "unsupported_content_encoding",
+                }
+            }
+        )
+
+    @property
     def internal(self) -> str:
         """The script's own locations (``shape``, ``infer`` follow), by OpenAI model id."""
         return OPENAI_INFER.replace("model_name", "openai_id").replace("(shape|infer)$", "")
@@ -534,6 +551,7 @@ _TEMPLATES.globals.update(
     GRPC_INFER=GRPC_INFER,
     OPENAI_INFER=OPENAI_INFER,
     OVERLOADED=OVERLOADED,
+    ENCODING_REFUSED=ENCODING_REFUSED,
     UNAVAILABLE=UNAVAILABLE,
     OPERATOR_ONLY=OPERATOR_ONLY,
     UNKNOWN_MODEL=UNKNOWN_MODEL,

@@ -6,6 +6,7 @@ against the same request sent to Triton directly, which answers it: the gateway 
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import socket
@@ -13,18 +14,22 @@ import threading
 import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import grpc
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from client.classify import ClassifyClient
+from client.embed import build_inputs
 from gateway import shaping
-from gateway.nginx.config import OVERLOADED
+from gateway.nginx.config import ENCODING_REFUSED, OVERLOADED, OpenAI
 from gateway.nginx.process import Nginx
 from pipelines import classification, embedding
-from tests.helpers import CAT_CLASSES
+from tests.helpers import CAT_CLASSES, gzip_of_zeros, inferences, memory_kib
 
 pytestmark = pytest.mark.integration
 
@@ -436,3 +441,101 @@ def test_slow_and_greedy_clients_leave_the_gateway_serving_others(server, photos
         # request (the rest goes to a file), not by what the clients send; with a 16 MiB
         # buffer this fails (docs/operations.md#security has both figures).
         assert grown < CONNS * (1 << 20) + (8 << 20), f"nginx grew {grown >> 20} MiB"
+
+
+# Compressed bodies -----------------------------------------------------------------------------
+def raw_post(address: str, path: str, body: bytes, headers: list[tuple[str, str]]):
+    """(status, JSON body) of one POST with exactly these headers (a name may repeat)."""
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.putrequest("POST", path)
+        for name, value in [*headers, ("Content-Length", str(len(body)))]:
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        response = conn.getresponse()
+        text = response.read()
+        try:
+            return response.status, json.loads(text)
+        except ValueError:
+            return response.status, text
+    finally:
+        conn.close()
+
+
+def test_compressed_bodies_are_refused_before_triton(server, tmp_path):
+    # Triton 2.51 inflates a gzip body whole before it parses it: this one is 1 GiB.
+    bomb = gzip_of_zeros(1 << 30)
+    assert len(bomb) < 2 << 20
+    key = [("X-Api-Key", KEY)]
+    infer = f"/v2/models/{embedding.ENSEMBLE}/infer"
+    request, length = httpclient.InferenceServerClient.generate_request_body(
+        build_inputs(httpclient, ["a compressed request"])
+    )
+    binary = [("Inference-Header-Content-Length", str(length))]
+    call = json.dumps({"model": embedding.ENSEMBLE, "input": ["a compressed call"]}).encode()
+    with Nginx(
+        [server.http_url],
+        [server.grpc_url],
+        limits=LIMITS,
+        openai=OpenAI(),
+        log_path=tmp_path / "nginx.log",
+    ) as nginx:
+        pid = server.process.pid
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here on
+        before, counted = memory_kib(pid), inferences(server.http_url)
+        status, answer = raw_post(nginx.http_url, infer, bomb, [*key, ("Content-Encoding", "gzip")])
+        assert status == 415 and answer == {"error": ENCODING_REFUSED}, answer
+        for encoding in ("deflate", "br", "GZIP", "gzip, identity"):
+            status, _ = raw_post(
+                nginx.http_url, infer, request, [*key, ("Content-Encoding", encoding)]
+            )
+            assert status == 415, encoding
+        # OpenAI's API refuses it in its own words.
+        status, answer = raw_post(
+            nginx.http_url,
+            "/v1/embeddings",
+            gzip.compress(call),
+            [*key, ("Content-Encoding", "gzip")],
+        )
+        assert status == 415 and answer["error"]["code"] == "unsupported_content_encoding", answer
+        # gRPC compresses each message (its first byte says so), never the stream: grpc.js reads
+        # no compressed message, so none reaches Triton either. (gRPC sends a message as it is
+        # when gzip would not make it smaller: this one shrinks.)
+        inputs = build_inputs(grpcclient, ["a compressed message " * 100], truncate=True)
+        with grpcclient.InferenceServerClient(nginx.grpc_url) as client:
+            with pytest.raises(grpcclient.InferenceServerException) as refused:
+                client.infer(embedding.ENSEMBLE, inputs, compression_algorithm="gzip")
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value
+            # Triton's memory and statistics: nothing of any of these reached it.
+            after = memory_kib(pid)
+            assert after["VmHWM"] - before["VmRSS"] < 16 << 10, (before, after)
+            assert inferences(server.http_url) == counted
+            # The controls: uncompressed, each is answered (gRPC, HTTP with identity, OpenAI).
+            client.infer(embedding.ENSEMBLE, inputs)
+        status, _ = raw_post(
+            nginx.http_url, infer, request, [*key, *binary, ("Content-Encoding", "identity")]
+        )
+        assert status == 200
+        status, answer = raw_post(nginx.http_url, "/v1/embeddings", call, key)
+        assert status == 200 and len(answer["data"]) == 1, answer
+        # The same bomb without the header passes the gateway, and Triton reads it as the
+        # JSON it is not (its 500 for that): the header is what the gateway refuses.
+        status, answer = raw_post(nginx.http_url, infer, bomb, key)
+        assert "failed to parse the request JSON" in answer["error"], (status, answer)
+        assert inferences(server.http_url) > counted
+
+
+def test_no_content_encoding_reaches_an_upstream(tmp_path):
+    with (
+        Recorder() as upstream,
+        Nginx([upstream.http_url], [upstream.grpc_url], log_path=tmp_path / "n.log") as nginx,
+    ):
+        infer = f"/v2/models/{classification.ENSEMBLE}/infer"
+        # identity is no encoding; a second header of the name is not what nginx checks.
+        raw_post(nginx.http_url, infer, b"{}", [("Content-Encoding", "identity")])
+        twice = [("Content-Encoding", "identity"), ("Content-Encoding", "gzip")]
+        raw_post(nginx.http_url, infer, gzip.compress(b"{}"), twice)
+        assert len(upstream.http) == 2
+        for headers, _ in upstream.http:
+            assert "content-encoding" not in {name.lower() for name in headers}, headers
