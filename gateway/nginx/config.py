@@ -35,6 +35,7 @@ __all__ = [
     "SCRIPTS",
     "SCRIPTS_DIR",
     "SERVED",
+    "SHADOW_IDLE_S",
     "SHAPING_LOG",
     "TLS",
     "USER_ID_HEADER",
@@ -73,6 +74,9 @@ OPENAI_INFER = r"^/_openai/(?<model_name>[^/]+)/(shape|infer)$"
 OVERLOADED = "too many requests at once from this address: retry after 1 s"
 # A body with a Content-Encoding (415): Triton 2.51 inflates one whole, with no bound.
 ENCODING_REFUSED = "a compressed request body is not accepted: send it without Content-Encoding"
+# The comparator (gateway/shadow.py) closes a connection idle this long; nginx closes its
+# pooled ones to it sooner.
+SHADOW_IDLE_S = 30
 # When no server behind the gateway answers (all down, restarting, or too slow to connect).
 UNAVAILABLE = "no inference server answered the gateway: retry after 1 s"
 OPERATOR_ONLY = (
@@ -552,6 +556,7 @@ _TEMPLATES.globals.update(
     OPENAI_INFER=OPENAI_INFER,
     OVERLOADED=OVERLOADED,
     ENCODING_REFUSED=ENCODING_REFUSED,
+    SHADOW_IDLE_S=SHADOW_IDLE_S,
     UNAVAILABLE=UNAVAILABLE,
     OPERATOR_ONLY=OPERATOR_ONLY,
     UNKNOWN_MODEL=UNKNOWN_MODEL,

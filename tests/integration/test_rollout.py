@@ -9,13 +9,19 @@ the canary; every answer says which version gave it, since the two versions' vec
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import logging
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
+import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import openai
@@ -23,6 +29,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2
 
 import model_config
 from client.embed import EmbedClient, build_inputs
@@ -30,11 +38,12 @@ from gateway import shadow
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx.config import CANARY, STABLE, USER_ID_HEADER, OpenAI, Rollout, Shares
 from gateway.nginx.process import Nginx
-from paths import MODEL_REPOSITORY
+from paths import MODEL_REPOSITORY, REPO_ROOT
 from pipelines import embedding
-from processes.managed import free_port
+from processes.managed import ManagedProcess, free_port
 from server import Server, ServerConfig
 from tests.alerting import Prometheus
+from tests.helpers import gzip_of_zeros, inferences, memory_kib
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +108,19 @@ class Recording(shadow.Comparator):
         return outcome
 
 
+@contextlib.contextmanager
+def listening(comparator: shadow.Comparator) -> Iterator[str]:
+    """The comparator's listener on a free loopback port, in a thread: its address."""
+    listener = shadow.listener(comparator, "127.0.0.1", 0)
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.server_address[1]}"
+    finally:
+        listener.shutdown()
+        listener.server_close()
+
+
 def serve_metrics(registry) -> tuple[str, Callable[[], None]]:
     """``registry`` on /metrics at a free loopback port: its address, and how to stop it."""
     port = free_port()
@@ -115,17 +137,13 @@ def serve_metrics(registry) -> tuple[str, Callable[[], None]]:
 def comparator(server, canary):
     """The rollout's comparator on real servers, listening where nginx mirrors to."""
     replay = shadow.replay_on([server.http_url], [canary.http_url])
-    with Recording(replay) as running:
-        listener = shadow.listener(running, "127.0.0.1", 0)
-        thread = threading.Thread(target=listener.serve_forever, daemon=True)
-        thread.start()
+    sizes = shadow.batch_sizes_on([server.http_url])
+    with Recording(replay, batch_sizes=sizes) as running, listening(running) as copies:
         address, stop = serve_metrics(running.registry)
         try:
-            yield running, f"127.0.0.1:{listener.server_address[1]}", address
+            yield running, copies, address
         finally:
             stop()
-            listener.shutdown()
-            listener.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -387,3 +405,144 @@ def test_the_comparator_finds_the_versions_close_but_not_equal(gateway, comparat
     # under 0.9999; the same server twice gives 1.0 exactly).
     assert total > 0 and below["0.98"] == 0, (total, below)
     assert below["0.9999"] >= 0.9 * total, (total, below)
+
+
+# What the comparator may cost ---------------------------------------------------------------
+def post(address: str, path: str, body: bytes, headers: dict[str, str]) -> int:
+    """The status of one POST of ``body`` to ``address``."""
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+COPIES_HOST, METRICS_HOST = "127.0.0.1", "127.0.0.2"  # two loopback addresses
+HTTP_INFER_PATH = f"/v2/models/{embedding.ENSEMBLE}/infer"
+MAX_RSS_MB = 300
+
+
+class ComparatorProcess(ManagedProcess):
+    """``python -m gateway.shadow`` as an operator runs it: copies taken on one address, its
+    metrics served on another."""
+
+    name = "comparator"
+
+    def __init__(self, stable: str, canary: str, log_path):
+        super().__init__(log_path)
+        self.stable, self.canary = stable, canary
+        self.port = self.metrics_port = 0
+
+    def prepare(self) -> None:
+        self.port, self.metrics_port = free_port(COPIES_HOST), free_port(METRICS_HOST)
+
+    def command(self) -> list[str]:
+        return [
+            *(sys.executable, "-m", "gateway.shadow", "--stable", self.stable),
+            *("--canary", self.canary, "--host", COPIES_HOST, "--port", str(self.port)),
+            *("--metrics-host", METRICS_HOST, "--metrics-port", str(self.metrics_port)),
+        ]
+
+    @property
+    def ready_url(self) -> str:
+        return f"http://{METRICS_HOST}:{self.metrics_port}/metrics"
+
+    def outcomes(self) -> Counter:
+        """Its gateway_rollout_shadow_total, by outcome (over every model)."""
+        with urllib.request.urlopen(self.ready_url, timeout=10) as response:
+            text = response.read().decode()
+        counts: Counter = Counter()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == f"{shadow.SHADOW_METRIC}_total":
+                    counts[sample.labels["outcome"]] += sample.value
+        return counts
+
+
+def grpc_frame(texts: list[str]) -> bytes:
+    """A gRPC ModelInferRequest frame of embed's TEXT rows, as tritonclient writes it."""
+    request = service_pb2.ModelInferRequest(model_name=embedding.ENSEMBLE)
+    for tensor in build_inputs(grpcclient, texts):
+        request.inputs.append(tensor._get_tensor())
+        request.raw_input_contents.append(tensor._get_content())
+    message = request.SerializeToString()
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def kserve(texts: list[str]) -> tuple[dict[str, str], bytes]:
+    """Headers and body of tritonclient's HTTP request of embed's TEXT rows."""
+    inputs = build_inputs(httpclient, texts)
+    body, length = httpclient.InferenceServerClient.generate_request_body(inputs)
+    return {"Inference-Header-Content-Length": str(length)}, body
+
+
+def oversized() -> list[tuple[str, dict[str, str], bytes]]:
+    """Copies past each of the comparator's bounds (path, headers, body), as a gateway's client
+    could have them sent, or anyone who reaches its port."""
+    many = ["t"] * 4096  # 64 times embed's max_batch_size
+    deflater = zlib.compressobj(9)
+    block = bytes(1 << 20)
+    deflated = b"".join([*(deflater.compress(block) for _ in range(256)), deflater.flush()])
+    # 6 MiB of JSON, two million lists once parsed.
+    nested = b",".join([b"[]"] * (2 << 20))
+    tensor = b'{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [' + nested + b"]}"
+    call = {"model": embedding.ENSEMBLE, "input": ["t"] * (embedding.MAX_OPENAI_INPUTS + 1)}
+    return [
+        (HTTP_INFER_PATH, {"Content-Encoding": "gzip"}, gzip_of_zeros(256 << 20)),
+        (HTTP_INFER_PATH, {"Content-Encoding": "deflate"}, deflated),
+        (HTTP_INFER_PATH, *kserve(many)),
+        (shadow.GRPC_INFER, {}, grpc_frame(many)),
+        (HTTP_INFER_PATH, {}, b" " * (shadow.Bounds.body + 1)),
+        (HTTP_INFER_PATH, {}, b'{"inputs": [' + tensor + b"]}"),
+        (shadow.OPENAI_EMBEDDINGS, {}, json.dumps(call).encode()),
+    ]
+
+
+def test_oversized_copies_leave_the_comparator_small_and_the_servers_untouched(
+    server, canary, tmp_path
+):
+    kinds = oversized()
+    total = 20
+    samples = [kinds[i % len(kinds)] for i in range(total)]
+    process = ComparatorProcess(server.http_url, canary.http_url, tmp_path / "comparator.log")
+    process.start(cwd=REPO_ROOT)
+    try:
+        counted = {url: inferences(url) for url in (server.http_url, canary.http_url)}
+        statuses: Counter = Counter()
+        for path, headers, body in samples:
+            headers = {**headers, shadow.MODELS_HEADER: embedding.ENSEMBLE}
+            statuses[post(f"{COPIES_HOST}:{process.port}", path, body, headers)] += 1
+        deadline = time.monotonic() + 120
+        while sum((outcomes := process.outcomes()).values()) < total:
+            assert time.monotonic() < deadline, f"{total} copies, {outcomes} counted"
+            time.sleep(0.2)
+        peak = memory_kib(process.process.pid)["VmHWM"]
+        log.info("%d oversized copies: answers %s, outcomes %s, peak RSS %d MiB", total,
+                 dict(statuses), dict(outcomes), peak >> 10)  # fmt: skip
+        # A body over the bound is read past and answered 413, the others 204 at once.
+        too_large = sum(len(body) > shadow.Bounds.body for _, _, body in samples)
+        assert statuses == Counter({204: total - too_large, 413: too_large}), statuses
+        # Each skipped (or dropped, had the queue been full), none sent to either version...
+        assert outcomes[shadow.SKIPPED] + outcomes[shadow.DROPPED] == total, outcomes
+        assert {url: inferences(url) for url in counted} == counted
+        # ...and what they cost the comparator at its peak, while a bomb alone inflates to
+        # 256 MiB. (It starts at about 60 MiB: numpy, tritonclient, prometheus_client.)
+        assert peak * 1024 < MAX_RSS_MB * 10**6, f"peak RSS {peak >> 10} MiB"
+        # The copies' address and the metrics' are apart: neither port is on the other.
+        for address in ((METRICS_HOST, process.port), (COPIES_HOST, process.metrics_port)):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(address, timeout=5).close()
+        # The control: an ordinary copy after them is compared.
+        headers, body = kserve(TEXTS[:3])
+        headers[shadow.MODELS_HEADER] = embedding.ENSEMBLE
+        assert post(f"{COPIES_HOST}:{process.port}", HTTP_INFER_PATH, body, headers) == 204
+        deadline = time.monotonic() + 60
+        while process.outcomes()[shadow.COMPARED] < 1:
+            assert time.monotonic() < deadline, f"the control not compared: {process.outcomes()}"
+            time.sleep(0.2)
+    finally:
+        process.stop()

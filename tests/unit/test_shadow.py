@@ -1,12 +1,14 @@
 """The rollout's comparator without a server: decoding each kind of request, the cosines, the
-queue, and the listener's answer."""
+queue, the listener's answer, and the bounds on what a copy may cost."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import socket
 import threading
 import time
+import tracemalloc
 import urllib.request
 import zlib
 
@@ -249,7 +251,7 @@ def test_a_full_queue_drops_and_the_listener_answers_at_once():
         release.wait(10)  # a slow replay: the queue fills behind it
         return {}, {}
 
-    comparator = shadow.Comparator(replay, capacity=1, workers=1).start()
+    comparator = shadow.Comparator(replay, bounds=shadow.Bounds(items=2), workers=1).start()
     server = shadow.listener(comparator, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     headers, body = kserve(binary=True)
@@ -269,6 +271,199 @@ def test_a_full_queue_drops_and_the_listener_answers_at_once():
             time.sleep(0.01)
     finally:
         release.set()
+        server.shutdown()
+        server.server_close()
+        comparator.stop()
+
+
+# The bounds -------------------------------------------------------------------------------------
+LIMIT = 1 << 20  # what a request may inflate to, and decode to, in these tests
+
+
+def packed(body: bytes, encoding: str) -> bytes:
+    return gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_inflates_up_to_the_bound_and_no_further(encoding):
+    headers, body = kserve(binary=True)
+    packed_headers = {**headers, "Content-Encoding": encoding}
+    assert shadow.decode_request("/v2/models/embed/infer", packed_headers, packed(body, encoding))
+    # 64 MiB of zeros in about 64 KiB: never inflated past the bound.
+    bomb = packed(body + bytes(64 << 20), encoding)
+    assert len(bomb) < 256 << 10
+    assert shadow.decode_request("/v2/models/embed/infer", packed_headers, bomb, LIMIT) is None
+    # Two streams, or one cut short, are not one body.
+    twice = packed(body, encoding) * 2
+    assert shadow.decode_request("/v2/models/embed/infer", packed_headers, twice) is None
+    cut = packed(body, encoding)[:-8]
+    assert shadow.decode_request("/v2/models/embed/infer", packed_headers, cut) is None
+
+
+def peak_bytes(*request) -> tuple[object, int]:
+    """What ``decode_request(*request)`` returns, and the most bytes Python and numpy held
+    meanwhile."""
+    tracemalloc.start()
+    try:
+        return shadow.decode_request(*request), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_json_is_parsed_only_when_its_values_fit_the_bound():
+    row = {"inputs": [{"name": "X", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}]}
+    assert shadow.decode_request("/v2/models/m/infer", {}, json.dumps(row).encode(), LIMIT)
+    # A fraction of the bound in bytes, and millions of Python objects once parsed: not parsed.
+    nested = b'{"inputs": [{"data": [' + b",".join([b"[]"] * (LIMIT // 8)) + b"]}]}"
+    texts = json.dumps({"model": "embed", "input": ["ab"] * (LIMIT // 16)}).encode()
+    for path, body in (("/v2/models/m/infer", nested), (shadow.OPENAI_EMBEDDINGS, texts)):
+        assert len(body) < LIMIT / 2
+        decoded, peak = peak_bytes(path, {}, body, LIMIT)
+        assert decoded is None and peak < 2 * len(body), (path, peak)
+
+
+def test_tensors_are_decoded_only_within_the_bound():
+    count = LIMIT // shadow.OBJECT_BYTES + 1  # one element over
+    rows = np.array([b""] * count, dtype=np.object_).reshape(-1, 1)
+    tensor = httpclient.InferInput(embedding.TEXT, list(rows.shape), "BYTES")
+    tensor.set_data_from_numpy(rows, binary_data=True)
+    body, length = httpclient.InferenceServerClient.generate_request_body([tensor])
+    headers = {"Inference-Header-Content-Length": str(length)}
+    assert shadow.decode_request("/v2/models/embed/infer", headers, body, LIMIT) is None
+    assert shadow.decode_request("/v2/models/embed/infer", headers, body, 2 * LIMIT)
+    # A shape of one element over 4 MiB of zeros, each 4 an empty element: not decoded into
+    # a million of them to learn that the shape is wrong.
+    zeros = 4 << 20
+    header = {
+        "inputs": [
+            {
+                "name": embedding.TEXT,
+                "shape": [1, 1],
+                "datatype": "BYTES",
+                "parameters": {"binary_data_size": zeros},
+            }
+        ]
+    }
+    text = json.dumps(header).encode()
+    headers = {"Inference-Header-Content-Length": str(len(text))}
+    body = text + bytes(zeros)
+    decoded, peak = peak_bytes("/v2/models/embed/infer", headers, body)
+    assert decoded is None and peak < 2 * zeros, peak
+
+
+def test_a_bytes_element_must_be_text():
+    # bytes(n) of the number n would be n zero bytes: 256 MiB here.
+    number = {"inputs": [{"name": "T", "shape": [1], "datatype": "BYTES", "data": [1 << 28]}]}
+    decoded, peak = peak_bytes("/v2/models/m/infer", {}, json.dumps(number).encode())
+    refused = decoded is None  # (not decoded's repr in a failure's message)
+    assert refused and peak < 1 << 20, peak
+
+
+def test_typed_grpc_contents_are_counted_before_they_are_copied():
+    request = service_pb2.ModelInferRequest(model_name=embedding.ENSEMBLE)
+    tensor = request.inputs.add(name="FLAGS", datatype="BOOL", shape=[1, 1])
+    tensor.contents.bool_contents.extend([True] * (4 << 20))  # 4 MiB, packed
+    message = request.SerializeToString()
+    frame = b"\x00" + len(message).to_bytes(4, "big") + message
+    # As a list, 8 bytes a value: never made, over the bound.
+    decoded, peak = peak_bytes(shadow.GRPC_INFER, {}, frame)
+    assert decoded is None and peak < 2 * len(frame), peak
+
+
+def test_rows_over_max_batch_size_are_skipped_never_split():
+    replayed = []
+
+    def replay(model, inputs):
+        replayed.append(shadow.rows(inputs))
+        stable = np.ones((shadow.rows(inputs), 2))
+        return {embedding.EMBEDDING: stable}, {embedding.EMBEDDING: stable}
+
+    comparator = shadow.Comparator(replay, batch_sizes={"embed": len(TEXTS) - 1}.get)
+    headers, body = kserve(binary=True)
+    assert comparator.compare("/v2/models/embed/infer", headers, body) == shadow.SKIPPED
+    assert comparator.compare(shadow.GRPC_INFER, {}, grpc_frame()) == shadow.SKIPPED
+    assert replayed == []  # neither version saw either
+    total = f"{shadow.SHADOW_METRIC}_total"
+    assert sample(comparator, total, model="embed", outcome=shadow.SKIPPED) == 2
+    # At the size, or for a model whose size is not known, it is replayed as it came.
+    at_size = shadow.Comparator(replay, batch_sizes={"embed": len(TEXTS)}.get)
+    assert at_size.compare("/v2/models/embed/infer", headers, body) == shadow.COMPARED
+    assert replayed == [len(TEXTS)]
+
+
+def test_an_openai_call_is_compared_on_its_first_request():
+    replayed = []
+
+    def replay(model, inputs):
+        replayed.append(inputs[embedding.TEXT][:, 0].tolist())
+        stable = np.ones((shadow.rows(inputs), 2))
+        return {embedding.EMBEDDING: stable}, {embedding.EMBEDDING: stable}
+
+    comparator = shadow.Comparator(replay, batch_sizes={"embed": embedding.MAX_TEXTS}.get)
+    texts = [f"text {i}" for i in range(embedding.MAX_TEXTS * 3 + 1)]
+    call = json.dumps({"model": "embed", "input": texts}).encode()
+    assert comparator.compare(shadow.OPENAI_EMBEDDINGS, {}, call) == shadow.COMPARED
+    # What the gateway sent first for the call (OpenAI.chunk texts), once on each version.
+    assert replayed == [[t.encode() for t in texts[: embedding.MAX_TEXTS]]]
+    # More texts than the gateway takes in a call: not one of its calls.
+    many = ["a text"] * (embedding.MAX_OPENAI_INPUTS + 1)
+    body = json.dumps({"model": "embed", "input": many}).encode()
+    assert comparator.compare(shadow.OPENAI_EMBEDDINGS, {}, body) == shadow.SKIPPED
+    assert len(replayed) == 1
+
+
+def test_the_queue_is_bounded_in_bytes_and_gives_them_back():
+    bounds = shadow.Bounds(body=100, queue=150, items=10)
+    comparator = shadow.Comparator(lambda model, inputs: ({}, {}), bounds=bounds)
+    total = f"{shadow.SHADOW_METRIC}_total"
+    assert comparator.hold(101) == shadow.SKIPPED  # over the body's bound: never read
+    assert comparator.hold(100) is None
+    assert comparator.hold(60) == shadow.DROPPED  # 160 bytes would be held
+    assert comparator.hold(50) is None
+    assert sample(comparator, total, model="other", outcome=shadow.SKIPPED) == 1
+    assert sample(comparator, total, model="other", outcome=shadow.DROPPED) == 1
+    comparator.release(100)
+    assert comparator.hold(60) is None
+    # submit() holds as the listener does; a worker gives the bytes back once done.
+    comparator.release(60)
+    comparator.release(50)
+    with comparator:
+        assert comparator.submit("/v2/models/embed/infer", {}, b"x" * 100)
+        assert not comparator.submit("/v2/models/embed/infer", {}, b"x" * 101)
+    # All 150 bytes free again once the worker is done.
+    assert comparator.hold(100) is None and comparator.hold(50) is None
+
+
+def post(sock: socket.socket, body: bytes) -> bytes:
+    """One request on a kept-alive connection; the status line of its answer."""
+    head = f"POST /v2/models/embed/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+    sock.sendall(head.encode() + b"\r\n\r\n" + body)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        assert chunk, "the comparator closed the connection"
+        answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+def test_the_listener_reads_past_a_large_body_and_bounds_its_connections():
+    bounds = shadow.Bounds(body=1000, connections=1)
+    comparator = shadow.Comparator(lambda model, inputs: ({}, {}), bounds=bounds).start()
+    server = shadow.listener(comparator, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = ("127.0.0.1", server.server_address[1])
+    total = f"{shadow.SHADOW_METRIC}_total"
+    try:
+        with socket.create_connection(address, timeout=5) as first:
+            assert post(first, b"x" * 1001) == b"HTTP/1.1 413 Request Entity Too Large"
+            # Read past, not kept: the same connection carries the next copy.
+            assert post(first, b"x" * 10) == b"HTTP/1.1 204 No Content"
+            assert sample(comparator, total, model="other", outcome=shadow.SKIPPED) >= 1
+            # The one connection allowed is this one: another is closed at once.
+            with socket.create_connection(address, timeout=5) as second:
+                assert second.recv(1) == b""
+            assert sample(comparator, total, model="other", outcome=shadow.DROPPED) == 1
+    finally:
         server.shutdown()
         server.server_close()
         comparator.stop()
