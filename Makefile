@@ -106,6 +106,23 @@ format: $(STAMP)
 # docker.io, docker-compose, runc and mmdebstrap: the container engine, Compose 1.29 and the
 # Debian root file systems the container tests build their images from (containers/).
 NJS_MODULE := /usr/lib/nginx/modules/ngx_http_js_module.so
+TOOL_PACKAGES := prometheus prometheus-alertmanager nginx libnginx-mod-http-js redis-server \
+	docker.io docker-compose runc mmdebstrap
+# Another install (unattended-upgrades on a fresh machine, a second checkout's `make tools`)
+# holds dpkg's lock for a while: apt-get waits up to APT_LOCK_WAIT_S for it rather than failing
+# at once. bookworm's apt (2.6) waits so for dpkg's lock only, not for the package lists' lock
+# that another `apt-get update` holds: update is tried again every APT_RETRY_S while that is
+# what it reports, for as long.
+APT_LOCK_WAIT_S ?= 120
+APT_RETRY_S ?= 5
+APT_GET = $(SUDO) apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT_S)
+APT_UPDATE = waited=0; until out=$$($(APT_GET) update -qq 2>&1); do \
+		if ! grep -q 'Could not get lock' <<<"$$out" || [ $$waited -ge $(APT_LOCK_WAIT_S) ]; then \
+			echo "$$out" >&2; exit 1; \
+		fi; \
+		echo "apt-get update: another one holds the package lists' lock; waiting"; \
+		sleep $(APT_RETRY_S); waited=$$((waited + $(APT_RETRY_S))); \
+	done
 tools:
 	@command -v promtool >/dev/null && command -v amtool >/dev/null \
 		&& command -v nginx >/dev/null && test -f $(NJS_MODULE) \
@@ -114,10 +131,9 @@ tools:
 		echo "installing Debian's prometheus, prometheus-alertmanager, nginx, its njs module," \
 			"redis-server, docker.io," \
 			"docker-compose and mmdebstrap"; \
-		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus prometheus-alertmanager nginx libnginx-mod-http-js redis-server \
-			docker.io docker-compose runc mmdebstrap; }
+		$(APT_UPDATE) && \
+		DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends \
+			$(TOOL_PACKAGES); }
 
 test: lint models tools
 	$(PY) -m pytest -raR $(PYTEST_ARGS)

@@ -1253,3 +1253,59 @@ def test_a_lock_behind_its_pins_is_caught():
     source, lock = LOCKS["cpu"]
     entries = locked(lock.read_text().replace("numpy==1.26.4", "numpy==1.26.3"))
     assert {name: version for name, (version, _) in entries.items()} != pins(source)
+
+
+# --- make tools: apt-get and another install ------------------------------------------------
+
+# apt-get as seen from the Makefile: it logs its arguments; `update` reports the package lists'
+# lock held by another update for the first $BUSY calls, or fails otherwise with $FAILURE.
+FAKE_APT_GET = """#!/bin/sh
+echo "$*" >> "$APT_LOG"
+case " $* " in *" update "*)
+    if [ -n "$FAILURE" ]; then echo "$FAILURE" >&2; exit 100; fi
+    if [ "$(grep -c ' update' "$APT_LOG")" -le "$BUSY" ]; then
+        echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 42" >&2
+        exit 100
+    fi;;
+esac
+"""
+
+
+def make_tools_apt(tmp_path: Path, busy: int, failure: str = "", wait_s: int = 120):
+    """The tools target's apt-get commands (update, then install), run by make with the apt-get
+    above; the CompletedProcess and each apt-get call's arguments."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "apt-get").write_text(FAKE_APT_GET)
+    (bin_ / "apt-get").chmod(0o755)
+    log = tmp_path / "apt.log"
+    log.touch()
+    rule = "apt-only: ; @$(APT_UPDATE) && $(APT_GET) install -y $(TOOL_PACKAGES)"
+    done = subprocess.run(
+        ["make", "--no-print-directory", "--eval", rule, "apt-only", "SUDO=", "APT_RETRY_S=1",
+         f"APT_LOCK_WAIT_S={wait_s}"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "APT_LOG": str(log),
+             "BUSY": str(busy), "FAILURE": failure},
+    )  # fmt: skip
+    return done, log.read_text().splitlines()
+
+
+def test_make_tools_waits_for_another_installs_locks(tmp_path):
+    done, calls = make_tools_apt(tmp_path, busy=2)
+    assert done.returncode == 0, done.stderr
+    # Update tried again while another one held the lists' lock, then the install, which waits
+    # for dpkg's lock itself (apt's DPkg::Lock::Timeout).
+    assert ["update" in call.split() for call in calls[:3]] == [True] * 3
+    assert "install" in calls[3].split() and len(calls) == 4
+    assert all(call.startswith("-o DPkg::Lock::Timeout=120 ") for call in calls), calls
+    assert done.stdout.count("waiting") == 2
+
+
+def test_make_tools_fails_at_once_on_another_error_and_after_the_wait_on_a_lock(tmp_path):
+    done, calls = make_tools_apt(tmp_path / "offline", busy=0, failure="E: Failed to fetch x")
+    assert done.returncode != 0 and "Failed to fetch" in done.stderr
+    assert len(calls) == 1  # not tried again, no install
+    done, calls = make_tools_apt(tmp_path / "held", busy=100, wait_s=2)
+    assert done.returncode != 0 and "Could not get lock" in done.stderr
+    assert len(calls) == 3 and all("update" in call.split() for call in calls)
