@@ -5,12 +5,14 @@
     python -m containers down               # the stack's containers, networks and volumes gone
 
 It needs root or a running Docker daemon (docker/engine.sh), Debian's docker.io, docker-compose
-and mmdebstrap where no registry is reachable, and the exported models (make models).
+and mmdebstrap where no registry is reachable, and the exported models (make models). The gateway
+listens on this host's loopback; GATEWAY_ADDRESS publishes it on another of its addresses.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 
@@ -61,12 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"every service healthy {seconds:.0f} s after up:")
     for name, state in sorted(running.states().items()):
         print(f"  {name:45} {state}")
-    print(
-        "gateway  http://127.0.0.1:8080 (HTTP, OpenAI at /v1), 127.0.0.1:8081 (gRPC)\n"
-        "         tenant keys in .containers/limits.toml (header X-Api-Key or a Bearer token)\n"
-        "prometheus  http://127.0.0.1:9090"
-    )
+    print(where(running))
     return 0
+
+
+def where(running: stack.Stack) -> str:
+    """Where the gateway and Prometheus listen, as Docker published them."""
+    gateway, prometheus = running.published("gateway"), running.published("prometheus")
+    # One address each (IPv4 first where Docker lists [::] beside 0.0.0.0).
+    http, grpc = gateway[8080][0], gateway[8081][0]
+    prometheus_ip, prometheus_port = prometheus[9090][0]
+    lines = [
+        f"gateway  http://{http[0]}:{http[1]} (HTTP, OpenAI at /v1), {grpc[0]}:{grpc[1]} (gRPC)",
+        f"         tenant keys in {stack.STATE / stack.LIMITS_FILE} (header X-Api-Key or a "
+        "Bearer token)",
+        f"prometheus  http://{prometheus_ip}:{prometheus_port}",
+    ]
+    if not ipaddress.ip_address(http[0]).is_loopback:
+        # Tenants' keys travel with every request: in plain text beyond this host.
+        lines.append(
+            f"warning: the gateway speaks plain text on {http[0]}; beyond loopback give it TLS "
+            "(docker/docker-compose.tls.yml)"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

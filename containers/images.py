@@ -131,8 +131,8 @@ def pip_cert() -> str | None:
 def build(dockerfile: Path, target: str, tag: str, context: Path, args: dict[str, str]) -> None:
     """``docker build`` of one stage with BuildKit.
 
-    On the host's network (a dockerd without iptables gives its bridge no way out), with the
-    CA bundle pip trusts as a build secret.
+    On the host's network (the bridge of a dockerd without iptables has no way out; the host's
+    network works with either), with the CA bundle pip trusts as a build secret.
     """
     command = [*tools.build_command(), "-f", str(dockerfile), "--target", target, "-t", tag]
     command += ["--network", "host"]

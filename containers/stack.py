@@ -2,7 +2,7 @@
 
 One ``Stack`` is one Compose project: docker-compose.yml with the CPU override, the images
 ``containers.images`` chose, and the stack's secrets (Redis and Grafana passwords, tenant keys)
-from a state folder of its own. ``make up`` keeps that folder in ``.containers/``, so that
+as files of a state folder of its own. ``make up`` keeps that folder in ``.containers/``, so that
 the keys stay the same from one ``up`` to the next; tests give each stack a fresh one.
 """
 
@@ -35,24 +35,48 @@ ONE_SHOT = {"gateway-config"}
 READS_RENDERED = {"gateway": "gateway-config"}
 
 
-def state_environment(folder: Path) -> dict[str, str]:
-    """The stack's secrets, made once in ``folder`` and read back after.
+# The stack's secrets as files of the state folder, by the compose variable that names each.
+SECRET_FILES = {"REDIS_PASSWORD_FILE": "redis_password",
+                "GRAFANA_ADMIN_PASSWORD_FILE": "grafana_admin_password"}  # fmt: skip
+LIMITS_FILE = "limits.toml"  # the gateway's limits with a key per tenant (GATEWAY_LIMITS)
 
-    ``folder/env`` holds REDIS_PASSWORD, GRAFANA_ADMIN_PASSWORD and GATEWAY_LIMITS (the limits
-    file beside it, with keys of its own); nothing of it is committed.
+
+def state_environment(folder: Path) -> dict[str, str]:
+    """The stack's secrets, made once as files in ``folder``; the compose variables naming them.
+
+    ``folder`` holds the Redis and Grafana passwords and the gateway's limits with keys of their
+    own; nothing of it is committed. Compose mounts each file into the services that read it
+    (under /run/secrets), as it is on the host, and those services run as users of their own:
+    the folder is root's alone (0700), the files in it readable (0644). ``folder/env`` lists the
+    variables, for ``docker-compose --env-file``. A folder from before the secrets were files
+    (passwords in ``env``) keeps its passwords.
     """
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
     env_file = folder / "env"
-    if not env_file.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o700)
-        (folder / "limits.toml").write_text(shaping.with_secret_keys(shaping.LIMITS.read_text()))
-        env_file.write_text(
-            f"REDIS_PASSWORD={secrets.token_hex(16)}\n"
-            f"GRAFANA_ADMIN_PASSWORD={secrets.token_hex(16)}\n"
-            f"GATEWAY_LIMITS={(folder / 'limits.toml').resolve()}\n"
-        )
-    pairs = (line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
-    return dict(pairs)
+    earlier = {}
+    if env_file.exists():
+        lines = env_file.read_text().splitlines()
+        earlier = dict(line.split("=", 1) for line in lines if "=" in line)
+    limits = folder / LIMITS_FILE
+    if not limits.exists():
+        limits.write_text(shaping.with_secret_keys(shaping.LIMITS.read_text()))
+    variables = {"GATEWAY_LIMITS": str(limits.resolve())}
+    for variable, name in SECRET_FILES.items():
+        path = folder / name
+        if not path.exists():
+            path.write_text(earlier.get(variable.removesuffix("_FILE")) or secrets.token_hex(16))
+        variables[variable] = str(path.resolve())
+    for path in (limits, *(folder / name for name in SECRET_FILES.values())):
+        path.chmod(0o644)
+    env_file.write_text("".join(f"{name}={value}\n" for name, value in variables.items()))
+    env_file.chmod(0o600)
+    return variables
+
+
+def read_secret(variables: dict[str, str], variable: str) -> str:
+    """The secret in the file that a compose variable of ``state_environment`` names."""
+    return Path(variables[variable]).read_text().strip()
 
 
 def _instant(stamp: str) -> datetime.datetime:
@@ -201,6 +225,17 @@ class Stack:
             ] == str(index):
                 return c
         raise LookupError(f"no container {index} of {service} in {self.project}")
+
+    def published(self, service: str) -> dict[int, list[tuple[str, int]]]:
+        """{container port: [(host address, host port), ...]} of what a service publishes."""
+        ports = self.container(service)["NetworkSettings"]["Ports"] or {}
+        return {
+            int(port.split("/")[0]): [
+                (b["HostIp"] or "0.0.0.0", int(b["HostPort"])) for b in bindings
+            ]
+            for port, bindings in ports.items()
+            if bindings
+        }
 
     def address(self, service: str, index: int = 1) -> str:
         """A container's address on the project's network (reachable from this host)."""

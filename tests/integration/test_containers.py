@@ -6,6 +6,13 @@ docker/engine.sh finds or starts. Everything is reached the way a user reaches i
 gateway's published ports, Prometheus on the host's loopback, and (for what a user never sees:
 one replica's metrics, Alertmanager's API) a container's own address on the project's network.
 
+The stack is closed by default, and checked so on the running containers: the gateway listens
+on this host's loopback only (``docker inspect``, ``ss``); nothing routes from the network into
+the containers' bridge (a neighbour in a network namespace of its own, routed through this host,
+reaches no container; ``sysctl``, iptables); every service runs as a user other than root with
+no capabilities, no way to gain any and a read-only root (``/proc`` of each process); secrets
+are files, and no ``docker inspect`` shows one.
+
 The faults are real: a crashed tritonserver (killed from the host, as the OOM killer would), a
 frozen Redis (``docker pause``), a Redis cut off its network, and ``docker stop``. Skipped, with
 the reason, only where no container engine can start.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +33,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +44,7 @@ import yaml
 from client import classify as classify_client
 from client import embed as embed_client
 from containers import images, tools
-from containers.stack import Stack, state_environment
+from containers.stack import SECRET_FILES, Stack, read_secret, state_environment
 from containers.tools import DOCKER
 from gateway import shaping
 from pipelines import classification, embedding
@@ -132,16 +141,20 @@ def classify(url: str, jpeg: bytes, key: str | None = None) -> list[classify_cli
 # --- up, and the same answers as make serve ------------------------------------------------
 
 
+# Each service of the CPU stack, and its state once `up` is done.
+UP = {
+    "triton": "healthy",
+    "redis": "healthy",
+    "gateway-config": "exited 0",
+    "gateway": "healthy",
+    "gateway-metrics": "healthy",
+    "prometheus": "healthy",
+    "alertmanager": "healthy",
+}
+
+
 def test_every_service_of_the_stack_comes_up_healthy(stack):
-    assert stack.service_states() == {
-        "triton": "healthy",
-        "redis": "healthy",
-        "gateway-config": "exited 0",
-        "gateway": "healthy",
-        "gateway-metrics": "healthy",
-        "prometheus": "healthy",
-        "alertmanager": "healthy",
-    }
+    assert stack.service_states() == UP
     print(f"stack healthy {stack.up_seconds:.1f} s after up")
 
 
@@ -333,19 +346,214 @@ def refused(port: int) -> bool:
     return False
 
 
-def test_only_the_gateway_and_prometheus_on_loopback_are_reachable_from_the_host(stack):
+def listeners(port: int) -> set[str]:
+    """The local addresses this host listens on at a TCP port (``ss``: IPv4 and IPv6)."""
+    done = subprocess.run(
+        ["ss", "-ltnH", f"( sport = :{port} )"], capture_output=True, text=True, check=True
+    )
+    return {line.split()[3].rsplit(":", 1)[0] for line in done.stdout.splitlines()}
+
+
+def test_only_the_gateway_and_prometheus_listen_and_only_on_loopback(stack):
     bindings = {}
     for c in stack.containers():
         for ports in (c["HostConfig"]["PortBindings"] or {}).values():
             for p in ports:
                 bindings[(stack.service_of(c), p["HostIp"] or "0.0.0.0")] = int(p["HostPort"])
     # Alertmanager among the rest: Prometheus reaches it on the project's network.
-    assert set(bindings) == {("gateway", "0.0.0.0"), ("prometheus", "127.0.0.1")}
+    assert set(bindings) == {("gateway", "127.0.0.1"), ("prometheus", "127.0.0.1")}
     assert "alertmanager" in {stack.service_of(c) for c in stack.containers()}
     for port in (int(stack.variables[name]) for name in PUBLISHED):
+        # What the kernel has: neither 0.0.0.0 nor [::] (docker-proxy binds both for an
+        # unqualified port), only loopback.
+        assert listeners(port) == {"127.0.0.1"}, (port, listeners(port))
         assert not refused(port), port
     for port in TRITON_PORTS:
         assert refused(port), f"something answers on 127.0.0.1:{port}"
+
+
+# --- closed by default -------------------------------------------------------------------------
+
+# What the neighbour tries from its namespace, and the answer each target gives. A firewall
+# that drops shows as a timeout, a closed port as a refusal.
+PROBE = """
+import json, socket, sys, concurrent.futures as f
+def probe(target):
+    host, port = target
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "unreachable"
+targets = [tuple(t) for t in json.loads(sys.argv[1])]
+with f.ThreadPoolExecutor(len(targets)) as pool:
+    print(json.dumps(list(pool.map(probe, targets))))
+"""
+
+
+def run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
+
+
+def forwarding_state() -> str:
+    """What the host's kernel forwards into Docker's bridges, for a failure's message."""
+    forward = subprocess.run(
+        ["sysctl", "-n", "net.ipv4.ip_forward"], capture_output=True, text=True
+    ).stdout.strip()
+    rules = subprocess.run(
+        ["iptables", "-w", "5", "-S", "DOCKER-USER"], capture_output=True, text=True
+    ).stdout
+    forward_chain = subprocess.run(
+        ["iptables", "-w", "5", "-S", "FORWARD"], capture_output=True, text=True
+    ).stdout
+    policy = forward_chain.splitlines()[0] if forward_chain else "no iptables"
+    return f"ip_forward={forward}; {policy}; DOCKER-USER:\n{rules}"
+
+
+def test_no_neighbour_reaches_a_container_through_this_host(stack):
+    """A neighbour routing the stack's subnet through this host: a network namespace of its
+    own joined by a veth pair, as a machine on the same link would be. It must reach no
+    container (Triton, Redis, Alertmanager, the gateway behind its published port) and not the
+    gateway's port on this host's address, while it does reach a port open on that address."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("a network namespace needs root and iproute2")
+    (network,) = stack.container("triton")["NetworkSettings"]["Networks"]
+    done = subprocess.run(
+        [tools.docker(), "network", "inspect", "-f", "{{(index .IPAM.Config 0).Subnet}}", network],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    subnet = done.stdout.strip()
+    tag = uuid.uuid4().hex[:8]
+    namespace, host_end, far_end = f"neighbour-{tag}", f"nb{tag}h", f"nb{tag}n"
+    # A /30 of TEST-NET-2 of its own: the host's end .1, the neighbour's .2.
+    base = int(tag, 16) % 64 * 4
+    host_ip, neighbour_ip = f"198.51.100.{base + 1}", f"198.51.100.{base + 2}"
+    targets = {
+        "triton http": (stack.address("triton"), 8000),
+        "triton grpc": (stack.address("triton"), 8001),
+        "triton metrics": (stack.address("triton"), 8002),
+        "redis": (stack.address("redis"), 6379),
+        "alertmanager": (stack.address("alertmanager"), ALERTMANAGER_PORT),
+        "gateway container": (stack.address("gateway"), 8080),
+        "gateway on this host": (host_ip, int(stack.variables["GATEWAY_HTTP_PORT"])),
+    }
+    run("ip", "netns", "add", namespace)
+    try:
+        run("ip", "link", "add", host_end, "type", "veth", "peer", "name", far_end)
+        run("ip", "link", "set", far_end, "netns", namespace)
+        run("ip", "addr", "add", f"{host_ip}/30", "dev", host_end)
+        run("ip", "link", "set", host_end, "up")
+        run("ip", "-n", namespace, "addr", "add", f"{neighbour_ip}/30", "dev", far_end)
+        run("ip", "-n", namespace, "link", "set", far_end, "up")
+        run("ip", "-n", namespace, "route", "add", subnet, "via", host_ip)
+        # The control: a port open on this host's end, which the neighbour must reach.
+        with socket.create_server((host_ip, 0)) as control:
+            probes = [*targets.values(), (host_ip, control.getsockname()[1])]
+            done = subprocess.run(
+                ["ip", "netns", "exec", namespace, "python3", "-c", PROBE, json.dumps(probes)],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+        *answers, control_answer = json.loads(done.stdout)
+    finally:
+        # Its veth pair goes with it.
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+    seen = dict(zip(targets, answers, strict=True))
+    print(f"from the neighbour: {seen}; the control port: {control_answer}")
+    assert control_answer == "open", "the neighbour reaches nothing at all: no check"
+    # From this host itself every container is there (no forwarding involved).
+    for address, port in targets.values():
+        if address != host_ip:
+            with socket.create_connection((address, port), timeout=5):
+                pass
+    reached = {name for name, answer in seen.items() if answer == "open"}
+    assert not reached, f"{reached} reached from the neighbour; {forwarding_state()}"
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def test_every_service_runs_unprivileged_on_a_read_only_root(stack):
+    """Not root, no capabilities, no_new_privs, a read-only root: as configured, and as each
+    process of each running container has it (its /proc entries on this host)."""
+    containers = stack.containers()
+    assert {stack.service_of(c) for c in containers} == set(UP)
+    for c in containers:
+        name, host = stack.service_of(c), c["HostConfig"]
+        user = c["Config"]["User"].split(":")[0]
+        assert user not in {"", "0", "root"}, (name, c["Config"]["User"])
+        assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], (name, host["CapDrop"])
+        assert "no-new-privileges:true" in host["SecurityOpt"], (name, host["SecurityOpt"])
+        assert host["ReadonlyRootfs"] and not host["Privileged"], name
+        if c["State"]["Status"] != "running":
+            continue
+        top = subprocess.run(
+            [tools.docker(), "top", c["Id"], "-eo", "pid"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()[1:]  # fmt: skip
+        assert top, name
+        for pid in map(int, top):
+            status = proc_status(pid)
+            uids = status["Uid"].split()  # real, effective, saved, file system
+            assert "0" not in uids, (name, pid, status["Name"], uids)
+            assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0, (
+                name, pid, status["CapEff"],
+            )  # fmt: skip
+            assert status["NoNewPrivs"] == "1", (name, pid)
+        root = next(
+            line.split()
+            for line in Path(f"/proc/{c['State']['Pid']}/mounts").read_text().splitlines()
+            if line.split()[1] == "/"
+        )
+        assert "ro" in root[3].split(","), (name, root)
+
+
+# Where each service finds which secret file: the compose variable naming it (none: /dev/null,
+# no admin key).
+SECRETS = {
+    "triton": {
+        "/run/secrets/redis_password": "REDIS_PASSWORD_FILE",
+        "/run/secrets/triton_admin_key": None,
+    },
+    "redis": {"/run/secrets/redis_password": "REDIS_PASSWORD_FILE"},
+    "gateway-config": {"/etc/gateway/limits.toml": "GATEWAY_LIMITS"},
+}
+
+
+def test_secrets_are_files_that_no_inspect_shows_and_redis_wants_its_password(stack):
+    import redis
+
+    password = read_secret(stack.variables, "REDIS_PASSWORD_FILE")
+    values = {
+        "redis password": password,
+        "grafana password": read_secret(stack.variables, "GRAFANA_ADMIN_PASSWORD_FILE"),
+        **{f"key of {tenant}": key for key, tenant in limits(stack).keys.items()},
+    }
+    files = {"/dev/null", *(stack.variables[v] for v in (*SECRET_FILES, "GATEWAY_LIMITS"))}
+    for c in stack.containers():
+        name = stack.service_of(c)
+        shown = json.dumps(c)
+        leaked = {what for what, value in values.items() if value in shown}
+        assert not leaked, f"docker inspect of {name} shows the {leaked}"
+        mounted = {m["Destination"]: m["Source"] for m in c["Mounts"] if m["Source"] in files}
+        expected = {
+            where: stack.variables[variable] if variable else "/dev/null"
+            for where, variable in SECRETS.get(name, {}).items()
+        }
+        assert mounted == expected, name
+    # Nor does tritonserver's command line (`ps` on this host), nor Redis' environment (it
+    # has the password as configuration, read from its standard input).
+    triton_pid = stack.container("triton")["State"]["Pid"]
+    assert password not in Path(f"/proc/{triton_pid}/cmdline").read_text()
+    redis_pid = stack.container("redis")["State"]["Pid"]
+    assert password not in Path(f"/proc/{redis_pid}/environ").read_text()
+    # The password in the file is the one Redis wants, and it wants one.
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(host=stack.address("redis"), socket_timeout=5).ping()
+    assert redis.Redis(host=stack.address("redis"), password=password, socket_timeout=5).ping()
 
 
 # --- faults -----------------------------------------------------------------------------------

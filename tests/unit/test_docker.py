@@ -97,13 +97,16 @@ TRITON_PROVIDED_MODULES = {"triton_python_backend_utils"}
 RESOLVED_MARKER = "# --- torch's own dependencies"
 # Environment variables the compose file interpolates: unset, so the defaults are tested.
 COMPOSE_VARIABLES = (
-    "TRITON_ADMIN_KEY",
+    "TRITON_ADMIN_KEY_FILE",
     "TRITON_INSTANCES_PER_GPU",
     "TRITON_MODEL_CONFIG_NAME",
-    "GRAFANA_ADMIN_PASSWORD",
-    "REDIS_PASSWORD",
-    "TRITON_RESPONSE_CACHE_REDIS_URL",
+    "GRAFANA_ADMIN_PASSWORD_FILE",
+    "REDIS_PASSWORD_FILE",
+    "TRITON_RESPONSE_CACHE_REDIS_DB",
     "ALERTMANAGER_CONFIG_DIR",
+    "GATEWAY_ADDRESS",
+    "GRAFANA_ADDRESS",
+    "GATEWAY_LIMITS",
 )
 
 
@@ -715,19 +718,28 @@ def test_cpu_requirements_provide_every_module_the_local_steps_and_entrypoint_im
 # --- docker-compose.yml --------------------------------------------------------------------
 
 
-# The one variable without a default: Grafana refuses to start on admin/admin.
-REQUIRED = {"GRAFANA_ADMIN_PASSWORD": "a-password-of-the-test"}
+# The variables without a default: the files of the Redis and Grafana passwords (Redis refuses
+# to run open, Grafana to start on admin/admin).
+REQUIRED = {
+    "REDIS_PASSWORD_FILE": "/run/stack/redis_password",
+    "GRAFANA_ADMIN_PASSWORD_FILE": "/run/stack/grafana_admin_password",
+}
 
 
 def compose(
-    *args: str, file: Path = COMPOSE, extra: Path | None = None, env: dict | None = None
+    *args: str,
+    file: Path = COMPOSE,
+    extra: Path | None = None,
+    env: dict | None = None,
+    profile: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Docker Compose's own loader and validator (config); no Docker engine needed."""
     environ = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARIABLES}
     environ.update(REQUIRED if env is None else env)
     files = ["-f", str(file), *(["-f", str(extra)] if extra else [])]
+    profiles = ["--profile", profile] if profile else []
     return subprocess.run(
-        [compose_binary(), *files, *args],
+        [compose_binary(), *files, *profiles, *args],
         cwd=REPO,
         env=environ,
         capture_output=True,
@@ -838,16 +850,23 @@ def published(service: dict) -> set[tuple[str, int]]:
     return {(p.get("host_ip", ""), int(p["published"])) for p in service.get("ports", [])}
 
 
-def test_only_the_gateway_and_grafana_are_published_beyond_this_host(stack):
-    exposed = {
-        name: ports
-        for name, service in stack["services"].items()
-        if (ports := {port for host, port in published(service) if host != "127.0.0.1"})
+def test_nothing_is_published_beyond_this_hosts_loopback_unless_asked(stack):
+    ports = {name: published(service) for name, service in stack["services"].items()}
+    assert {name: p for name, p in ports.items() if p} == {
+        "gateway": {("127.0.0.1", 8080), ("127.0.0.1", 8081)},
+        "grafana": {("127.0.0.1", 3000)},
+        "prometheus": {("127.0.0.1", 9090)},
     }
-    assert exposed == {"gateway": {8080, 8081}, "grafana": {3000}}
-    assert published(stack["services"]["prometheus"]) == {("127.0.0.1", 9090)}
     # Prometheus reaches it on compose's network; an operator through `exec ... amtool`.
     assert published(stack["services"]["alertmanager"]) == set()
+    # An operator opens the gateway and Grafana on an address of the host, Prometheus never.
+    env = {**REQUIRED, "GATEWAY_ADDRESS": "192.0.2.7", "GRAFANA_ADDRESS": "0.0.0.0"}
+    result = compose("config", "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    opened = json.loads(result.stdout)["services"]
+    assert published(opened["gateway"]) == {("192.0.2.7", 8080), ("192.0.2.7", 8081)}
+    assert published(opened["grafana"]) == {("0.0.0.0", 3000)}
+    assert published(opened["prometheus"]) == {("127.0.0.1", 9090)}
 
 
 def test_the_operator_file_binds_tritons_ports_to_loopback_only():
@@ -863,12 +882,10 @@ def test_the_tls_file_mounts_the_certificate_and_key_into_the_gateway_as_secrets
     result = compose("config", "--format", "json", extra=COMPOSE.with_name(TLS_FILE), env=env)
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
-    assert {name: s["file"] for name, s in config["secrets"].items()} == {
-        "gateway_tls_cert": str(cert),
-        "gateway_tls_key": str(key),
-    }
+    tls = {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
+    assert {name: config["secrets"][name]["file"] for name in tls} == tls
     services = config["services"]
-    assert {s["source"] for s in services["gateway"]["secrets"]} == set(config["secrets"])
+    assert {s["source"] for s in services["gateway"]["secrets"]} == set(tls)
     assert "https://localhost:8080/nginx-ready" in services["gateway"]["healthcheck"]["test"]
     # The render command reads the secrets' paths where GATEWAY_TLS is set (the unit tests of
     # the gateway run it both ways).
@@ -884,9 +901,12 @@ def test_the_tls_file_mounts_the_certificate_and_key_into_the_gateway_as_secrets
         assert without.returncode != 0 and f"set {missing} to the PEM" in without.stderr
 
 
-def test_grafana_will_not_start_on_its_default_password():
-    result = compose("config", "--quiet", env={})
-    assert result.returncode != 0 and "set GRAFANA_ADMIN_PASSWORD" in result.stderr
+@pytest.mark.parametrize("variable", sorted(REQUIRED))
+def test_the_stack_will_not_start_without_its_password_files(variable):
+    """Grafana's default is admin/admin; a Redis without a password would serve anyone."""
+    env = {k: v for k, v in REQUIRED.items() if k != variable}
+    result = compose("config", "--quiet", env=env)
+    assert result.returncode != 0 and f"set {variable} to a file" in result.stderr
 
 
 def test_prometheus_and_grafana_get_their_configuration(stack):
@@ -1198,24 +1218,133 @@ def test_docker_run_keeps_each_configs_own_instance_count(dockerfile, tmp_path):
     assert config.model_config_name == "gpu" and config.instances_per_gpu is None
 
 
-def test_the_servers_share_the_stacks_redis_which_needs_a_password(stack):
-    triton, redis = stack["services"]["triton"], stack["services"]["redis"]
-    assert "redis" in triton["depends_on"]
-    url = urlsplit(triton["environment"]["EMBED_TEXT_CACHE_URL"])
-    assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379)
-    assert triton["environment"]["TRITON_RESPONSE_CACHE_REDIS_URL"] == ""  # opt-in
-    assert "ports" not in redis  # on compose's network only
-    assert re.search(r":\d+\.\d+\.\d+$", redis["image"])
-    script = " ".join(redis["command"]).replace("$$", "$")  # what the container's shell gets
-    for flag in ("--requirepass", "--maxmemory ", "--maxmemory-policy allkeys-lru", '--save ""'):
-        assert flag in script, flag
-    # Without a password it refuses to start rather than serve an open cache.
-    done = subprocess.run(
-        ["sh", "-c", script.replace("exec redis-server", "exec true")],
-        env={"PATH": os.environ["PATH"], "REDIS_PASSWORD": ""},
+def secrets_here(folder: Path, **files: str) -> Path:
+    """A folder standing in for /run/secrets, with these files (name=content)."""
+    folder.mkdir(parents=True)
+    for name, content in files.items():
+        (folder / name).write_text(content)
+    return folder
+
+
+def run_script(script: str, secrets: Path, *args: str, **env: str):
+    """A service's ``sh -c`` script here, its /run/secrets moved to ``secrets``."""
+    script = script.replace("$$", "$").replace("/run/secrets/", f"{secrets}/")
+    return subprocess.run(
+        ["sh", "-c", script, "service", *args],
+        env={"PATH": os.environ["PATH"], **env},
         capture_output=True, text=True, timeout=10,
     )  # fmt: skip
-    assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr
+
+
+def test_the_servers_find_the_stacks_redis_and_their_admin_key_in_secret_files(stack, tmp_path):
+    """The triton service's entrypoint, run here: the secrets become the entrypoint's
+    environment (server/container.py reads it there), and nothing of them is in the service's
+    own environment, which `docker inspect` shows."""
+    triton = stack["services"]["triton"]
+    assert "redis" in triton["depends_on"]
+    assert {s["source"] for s in triton["secrets"]} == {"redis_password", "triton_admin_key"}
+    assert not {"EMBED_TEXT_CACHE_URL", "TRITON_ADMIN_KEY"} & set(triton["environment"])
+    assert triton["environment"]["TRITON_RESPONSE_CACHE_REDIS_DB"] == ""  # opt-in
+    sh, dash_c, script, _ = triton["entrypoint"]
+    assert (sh, dash_c) == ("/bin/sh", "-c") and script.endswith('exec "$$@"')
+
+    def environment_of_the_command(secrets: Path, **env: str) -> dict[str, str]:
+        done = run_script(script, secrets, "env", **env)
+        assert done.returncode == 0, done.stderr
+        return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+    closed = environment_of_the_command(
+        secrets_here(tmp_path / "closed", redis_password="p4ss", triton_admin_key="")
+    )
+    url = urlsplit(closed["EMBED_TEXT_CACHE_URL"])
+    assert (url.scheme, url.password, url.hostname, url.port, url.path) == (
+        "redis", "p4ss", "redis", 6379, "/0",
+    )  # fmt: skip
+    # No key: the admin endpoints stay closed; no database: the response cache in memory.
+    assert "TRITON_ADMIN_KEY" not in closed and "TRITON_RESPONSE_CACHE_REDIS_URL" not in closed
+    opened = environment_of_the_command(
+        secrets_here(tmp_path / "open", redis_password="p4ss", triton_admin_key="k3y"),
+        TRITON_RESPONSE_CACHE_REDIS_DB="1",
+    )
+    assert opened["TRITON_ADMIN_KEY"] == "k3y"
+    assert opened["TRITON_RESPONSE_CACHE_REDIS_URL"] == "redis://:p4ss@redis:6379/1"
+    # An unreadable password file stops the container rather than start it without Redis' key.
+    missing = run_script(script, tmp_path / "absent", "env")
+    assert missing.returncode != 0
+
+
+def test_the_cpu_file_runs_the_cpu_images_own_entrypoint_after_the_secrets(
+    stack, cpu_stage, dockerfile
+):
+    """docker-compose.yml's entrypoint replaces the image's: its command is the image's."""
+    (gpu_entrypoint,) = instruction(dockerfile, "ENTRYPOINT")
+    assert stack["services"]["triton"]["command"] == json.loads(gpu_entrypoint)
+    result = compose("config", "--format", "json", extra=COMPOSE.with_name(CPU_FILE))
+    assert result.returncode == 0, result.stderr
+    (cpu_entrypoint,) = instruction(cpu_stage, "ENTRYPOINT")
+    assert json.loads(result.stdout)["services"]["triton"]["command"] == json.loads(cpu_entrypoint)
+
+
+def test_redis_takes_its_password_from_its_file_on_stdin_never_its_command_line(stack, tmp_path):
+    redis = stack["services"]["redis"]
+    assert "ports" not in redis  # on compose's network only
+    assert re.search(r":\d+\.\d+\.\d+$", redis["image"])
+    assert {s["source"] for s in redis["secrets"]} == {"redis_password"}
+    (script,) = redis["command"]
+    # redis-server replaced by a command that shows what it would get: arguments, then stdin.
+    shown = script.replace("exec redis-server", "exec sh -c 'echo \"$$*\"; cat' redis-server")
+    done = run_script(shown, secrets_here(tmp_path / "set", redis_password="p4ss"))
+    assert done.returncode == 0, done.stderr
+    arguments, configuration = done.stdout.split("\n", 1)
+    for flag in ("--maxmemory 1gb", "--maxmemory-policy allkeys-lru", "--save", "--appendonly no"):
+        assert flag in arguments, flag
+    assert "p4ss" not in arguments and arguments.split()[0] == "-"  # config from stdin
+    assert configuration.strip() == "requirepass p4ss"
+    # Without a password it refuses to start rather than serve an open cache.
+    for name, secrets in (
+        ("empty", secrets_here(tmp_path / "empty", redis_password="")),
+        ("absent", tmp_path / "absent"),
+    ):
+        done = run_script(shown, secrets)
+        assert done.returncode == 1 and "needs a password" in done.stderr, name
+    health = " ".join(redis["healthcheck"]["test"])
+    assert "REDISCLI_AUTH" in health and "/run/secrets/redis_password" in health
+
+
+# Every service's user, by name or number: none is root.
+USERS = {
+    "triton": None,  # the image's own (uid 1000, docker/Dockerfile)
+    "redis": "redis",
+    "gateway-config": "101:101",
+    "gateway": "101:101",
+    "gateway-metrics": "101:101",
+    "prometheus": "65534:65534",
+    "alertmanager": "65534:65534",
+    "grafana": "472",
+}
+
+
+@pytest.mark.parametrize("override", [None, GPU_FILE, CPU_FILE, TLS_FILE])
+def test_every_service_runs_unprivileged_on_a_read_only_root(override, tmp_path):
+    env = {**REQUIRED, "GATEWAY_TLS_CERT": "/run/c.pem", "GATEWAY_TLS_KEY": "/run/k.pem"}
+    extra = COMPOSE.with_name(override) if override else None
+    result = compose("config", "--format", "json", extra=extra, env=env, profile="grafana")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert set(services) == set(USERS)
+    for name, service in services.items():
+        assert service.get("user") == USERS[name], name
+        assert service["cap_drop"] == ["ALL"] and "cap_add" not in service, name
+        assert service["security_opt"] == ["no-new-privileges:true"], name
+        assert service["read_only"] is True and not service.get("privileged"), name
+        # A secret is a file: no variable is there to carry one (docker inspect shows every
+        # variable), only the paths of files.
+        for variable in service.get("environment", {}):
+            secretive = re.search(r"PASSWORD|SECRET|_KEY$|_URL$", variable)
+            assert not secretive or variable.endswith("__FILE"), (name, variable)
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == (
+        "/run/secrets/grafana_admin_password"
+    )
 
 
 # --- the hash lock -----------------------------------------------------------------------------
