@@ -15,6 +15,7 @@
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
 //   $openai_dimensions  d, the floats of one embedding (pipelines/embedding.py's HIDDEN_SIZE)
 //   $openai_shaping     1 with limits.toml: the call takes its tokens first
+//   $openai_shadow      a rollout's comparator location: admitted calls are copied there
 // and the internal locations /_openai/<model id>/shape, where the token buckets of
 // limits.toml count the call (429 with Retry-After) before its body is parsed, and
 // /_openai/<model id>/infer, which proxies to Triton's HTTP endpoint.
@@ -270,6 +271,11 @@ async function embeddings(r) {
         const call = parse(r);
         if (call.model !== named) {
             throw new ApiError(400, "'model' must be given once, as a string", 'model');
+        }
+        if (r.variables.openai_shadow) {
+            // Only now, admitted and parsed: a refused call costs the comparator nothing. The
+            // copy carries the call's body and headers; nginx waits for it in the background.
+            r.subrequest(r.variables.openai_shadow, {method: 'POST', detached: true});
         }
         const size = parseInt(r.variables.openai_chunk);
         const chunks = [];

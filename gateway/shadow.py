@@ -1,10 +1,10 @@
 """A rollout's comparator: sampled live requests sent to both versions, their answers compared.
 
 During a rollout (``gateway.nginx.config.Rollout`` with ``shadow``) nginx copies a sample of
-the rollout's inference requests here (``mirror``): each arrives as a POST to its original
-URI with its original body, and ``X-Rollout-Models`` naming the models in the rollout. It
-answers at once, so the client's request never waits on it, and queues the copy. A worker
-decodes the request's
+the rollout's admitted inference requests here (``mirror``; gateway/openai.js for an OpenAI
+call, once its buckets admitted it): each arrives as a POST to its original URI with its
+original body, and ``X-Rollout-Models`` naming the models in the rollout. It answers at once,
+so the client's request never waits on it, and queues the copy. A worker decodes the request's
 inputs (Triton's HTTP/REST JSON or binary tensors, gRPC's ``ModelInferRequest``, or an OpenAI
 embeddings body), skips a model outside the rollout, sends the inputs to a stable and a canary
 server with tritonclient, one request each, and records, for every FP32 output both answer,

@@ -10,6 +10,7 @@ the canary; every answer says which version gave it, since the two versions' vec
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import json
 import logging
@@ -34,7 +35,7 @@ from tritonclient.grpc import service_pb2
 
 import model_config
 from client.embed import EmbedClient, build_inputs
-from gateway import shadow
+from gateway import shadow, shaping
 from gateway.metrics import ShapingLogExporter
 from gateway.nginx.config import CANARY, STABLE, USER_ID_HEADER, OpenAI, Rollout, Shares
 from gateway.nginx.process import Nginx
@@ -96,11 +97,17 @@ def versions(server, canary) -> dict[str, np.ndarray]:
 
 
 class Recording(shadow.Comparator):
-    """The comparator, keeping each request's path and outcome for the test to read."""
+    """The comparator, keeping each copy that arrived (path, body) and each request's path and
+    outcome, for the test to read."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.arrived: list[tuple[str, dict[str, str], bytes]] = []
         self.seen: list[tuple[str, str]] = []
+
+    def enqueue(self, path, headers, body) -> None:
+        self.arrived.append((path, dict(headers), body))
+        super().enqueue(path, headers, body)
 
     def compare(self, path, headers, body) -> str:
         outcome = super().compare(path, headers, body)
@@ -407,7 +414,34 @@ def test_the_comparator_finds_the_versions_close_but_not_equal(gateway, comparat
     assert below["0.9999"] >= 0.9 * total, (total, below)
 
 
-# What the comparator may cost ---------------------------------------------------------------
+def test_a_copy_carries_no_content_encoding(gateway, comparator):
+    nginx, _, _ = gateway
+    recording, _, _ = comparator
+    # gRPC's own compression is grpc-encoding and a flag in each message; this header is
+    # metadata to it, which a client may send, and which the copy must not take as its body's.
+    text = "a gRPC request whose metadata says gzip"
+    with grpcclient.InferenceServerClient(nginx.grpc_url) as client:
+        client.infer(
+            embedding.ENSEMBLE,
+            build_inputs(grpcclient, [text]),
+            headers={"content-encoding": "gzip"},
+        )
+    deadline = time.monotonic() + 30
+    while not (copies := [c for c in recording.arrived if text.encode() in c[2]]):
+        assert time.monotonic() < deadline, "no copy of the request arrived"
+        time.sleep(0.1)
+    ((path, headers, body),) = copies
+    assert "content-encoding" not in {name.lower() for name in headers}, headers
+    # What the comparator compares: the request's own text.
+    model, inputs = shadow.decode_request(path, headers, body)
+    assert model == embedding.ENSEMBLE and inputs[embedding.TEXT][0, 0] == text.encode()
+
+
+# What reaches the comparator, and what it may cost ---------------------------------------------
+CALM_KEY, SPENT_KEY = "calm-key-0001", "spent-key-0001"
+ONE_CALL = {"rate": 1 / 60, "capacity": 1}  # nginx's slowest rate: one call, then 429s
+
+
 def post(address: str, path: str, body: bytes, headers: dict[str, str]) -> int:
     """The status of one POST of ``body`` to ``address``."""
     host, port = address.rsplit(":", 1)
@@ -419,6 +453,78 @@ def post(address: str, path: str, body: bytes, headers: dict[str, str]) -> int:
         return response.status
     finally:
         conn.close()
+
+
+def test_only_admitted_openai_calls_reach_the_comparator(server, canary, tmp_path):
+    limits = shaping.parse_limits(
+        {
+            "anonymous": ONE_CALL,
+            "tenants": {
+                "calm": {"keys": [CALM_KEY], "rate": 1000, "capacity": 1000},
+                "spent": {"keys": [SPENT_KEY], **ONE_CALL},
+            },
+            "models": {},
+        }
+    )
+    recording = Recording(shadow.replay_on([server.http_url], [canary.http_url]))
+    with recording, listening(recording) as copies:
+        shares = Shares(((embedding.ENSEMBLE, 0),))
+        rollout = Rollout(
+            (canary.http_url,), (canary.grpc_url,), shares, shadow=copies, sample=SAMPLE
+        )
+        with Nginx(
+            [server.http_url],
+            [server.grpc_url],
+            limits=limits,
+            openai=OpenAI(),
+            canary=rollout,
+            log_path=tmp_path / "nginx.log",
+        ) as nginx:
+
+            def call(key: str | None, texts, model=embedding.ENSEMBLE, **headers) -> int:
+                body = json.dumps({"model": model, "input": texts}).encode()
+                if headers.get("Content-Encoding") == "gzip":
+                    body = gzip.compress(body)
+                if key:
+                    headers["Authorization"] = f"Bearer {key}"
+                return post(nginx.http_url, "/v1/embeddings", body, headers)
+
+            # Each call's text names it (a marker), so that its copy can be told apart.
+            statuses = {
+                "spent, admitted": call(SPENT_KEY, ["spent, admitted"]),
+                "spent, over its rate": call(SPENT_KEY, ["spent, over its rate"]),
+                "anonymous, admitted": call(None, ["anonymous, admitted"]),
+                "anonymous, over its rate": call(None, ["anonymous, over its rate"]),
+                "an unknown model": call(CALM_KEY, ["an unknown model"], model="gpt-4"),
+                "an empty text": call(CALM_KEY, ["an empty text", ""]),
+                "too many texts": call(CALM_KEY, ["too many texts"] * 2049),
+                "compressed": call(CALM_KEY, ["compressed"], **{"Content-Encoding": "gzip"}),
+                "the control": call(CALM_KEY, ["the control"]),
+            }
+            broken = b'{"model": "embed", "input": ["broken JSON'
+            calm = {"Authorization": f"Bearer {CALM_KEY}"}
+            assert post(nginx.http_url, "/v1/embeddings", broken, calm) == 400
+            assert statuses == {
+                "spent, admitted": 200,
+                "spent, over its rate": 429,
+                "anonymous, admitted": 200,
+                "anonymous, over its rate": 429,
+                "an unknown model": 404,
+                "an empty text": 400,
+                "too many texts": 413,
+                "compressed": 415,
+                "the control": 200,
+            }, statuses
+            # The copy of the last call, once it is there, comes after any of the others'.
+            deadline = time.monotonic() + 30
+            while not any(b"the control" in body for _, _, body in recording.arrived):
+                assert time.monotonic() < deadline, "the control's copy never arrived"
+                time.sleep(0.1)
+    markers = [m for m in statuses if any(m.encode() in b for _, _, b in recording.arrived)]
+    assert markers == ["spent, admitted", "anonymous, admitted", "the control"], markers
+    assert len(recording.arrived) == 3, recording.arrived
+    # And each was compared (the comparator has stopped: its queue is done).
+    assert [outcome for _, outcome in recording.seen] == [shadow.COMPARED] * 3, recording.seen
 
 
 COPIES_HOST, METRICS_HOST = "127.0.0.1", "127.0.0.2"  # two loopback addresses

@@ -99,9 +99,11 @@ def test_a_rollout_picks_the_servers_of_each_request_s_version():
     assert "upstream triton_http_canary {" in text and "upstream triton_grpc_canary {" in text
     # ...metadata, readiness and health stay on the stable servers...
     assert "proxy_pass http://triton_http;" in text and "grpc_pass grpc://triton_grpc;" in text
-    # ...and each inference path copies its sampled requests to the comparator and logs its
-    # version, which the plain gateway does not.
-    assert text.count("mirror /_rollout_shadow;") == 3
+    # ...and each inference path copies its sampled requests to the comparator (OpenAI's
+    # script once the call's buckets admitted it) and logs its version, which the plain
+    # gateway does not.
+    assert text.count("mirror /_rollout_shadow;") == 2
+    assert text.count("set $openai_shadow /_rollout_shadow;") == 1
     assert '"version":"$rollout_version"' in text
     assert f'js_var $rollout_file "{config.ROLLOUT_FILE}";' in text
     assert "js_set $rollout_version rollout.version;" in text
