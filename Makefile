@@ -37,7 +37,7 @@ $(CLASSIFIER_ONNX): $(STAMP) pipelines/efficientnet_lite.py pipelines/classifica
 
 # Every encoder file comes from one export run (the INT8 ones are quantized from fp32):
 # version 1 fp32, version 2 dynamic INT8 (CPU) and static Q/DQ INT8 (for TensorRT).
-$(ENCODER_ONNX): $(STAMP) export/bert.py pipelines/embedding.py pipelines/padding.py \
+$(ENCODER_ONNX): $(STAMP) pipelines/bert.py pipelines/embedding.py pipelines/padding.py \
 		pipelines/tokenization.py pipelines/minilm_weights.py export/text_samples.py \
 		pipelines/onnx_runner.py export/__main__.py export/onnx_export.py export/minilm.py
 	$(PY) -m export minilm --output $@ --int8-output $(ENCODER_INT8_ONNX) \

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import bert, onnx_export, text_samples
-from pipelines import embedding, onnx_runner, padding
+from export import onnx_export, text_samples
+from pipelines import bert, embedding, onnx_runner, padding
 
 log = logging.getLogger(__name__)
 

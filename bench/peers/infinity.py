@@ -255,7 +255,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def check_vectors(server: InfinityServer, texts: Sequence[str]) -> float:
     """Lowest cosine between its vectors and the project's PyTorch reference for ``texts``."""
-    from export import bert
+    from pipelines import bert
     from export.minilm import reference_embeddings
 
     expected = reference_embeddings(bert.load_pretrained(), list(texts))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from bench.harness.raw import throughput
-from export import bert, text_samples
+from export import text_samples
 from export import minilm as export_minilm
-from pipelines import embedding, onnx_runner, padding, tokenization
+from pipelines import bert, embedding, onnx_runner, padding, tokenization
 
 
 @pytest.fixture(scope="module")
