@@ -4,6 +4,7 @@ Examples:
     python -m export efficientnet_lite0 --output model_repository/classifier/1/model.onnx
     python -m export minilm     # encoder/1/model.onnx (fp32) and encoder/2/model.onnx (INT8)
     python -m export embed-graph   # embed_graph/1/model.onnx: tokenizer op + fp32 encoder
+    python -m export minilm-compact --output /tmp/minilm.safetensors  # int8 weights, checked
     python -m export samples samples/   # the sample photos the parity checks use, as JPEG files
 
 TensorRT engines are built from these graphs by ``python -m export.tensorrt``.
@@ -49,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mini.add_argument("--int8-output", type=Path, default=minilm.DEFAULT_INT8_OUTPUT)
     mini.add_argument("--qdq-output", type=Path, default=minilm.DEFAULT_QDQ_OUTPUT)
     mini.add_argument("--opset", type=int, default=onnx_export.DEFAULT_OPSET)
+    packed = sub.add_parser(
+        "minilm-compact",
+        help="all-MiniLM-L6-v2's weights, int8/fp16 in one checked file (PyTorch on a GPU)",
+    )
+    packed.add_argument("--output", type=Path, required=True)
+    packed.add_argument("--encoder", type=Path, default=minilm.DEFAULT_OUTPUT)
+    packed.add_argument("--min-cosine", type=float, default=minilm.MIN_COSINE_COMPACT)
     graph = sub.add_parser(
         "embed-graph",
         help="tokenizer op (onnxruntime-extensions) + encoder → one TEXT → EMBEDDING graph",
@@ -78,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         efficientnet_lite0.main(args.output, args.opset)
     elif args.model == "minilm":
         minilm.main(args.output, args.int8_output, args.opset, args.qdq_output)
+    elif args.model == "minilm-compact":
+        minilm.write_compact(args.output, args.encoder, args.min_cosine)
     elif args.model == "embed-graph":
         text_graph.main(args.encoder, args.output)
     elif args.model == "samples":

