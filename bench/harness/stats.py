@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipelines.backend import metrics
 
@@ -21,6 +21,8 @@ class ModelDelta:
     compute_ms: float  # per request, average (input + infer + output)
     request_ms: float  # per request, average end-to-end inside the server
     cache_hits: int = 0  # requests answered from the response cache
+    # formed batch size -> mean compute_infer of its executions, ms: are the slow sizes new ones?
+    batch_infer_ms: dict[int, float] = field(default_factory=dict)
 
     @property
     def avg_batch(self) -> float:
@@ -42,10 +44,11 @@ def merge_versions(versions: list[dict]) -> dict:
             total["count"] += int(entry.get("count", 0))
             total["ns"] += int(entry.get("ns", 0))
         for b in v.get("batch_stats", []):
-            size = int(b["batch_size"])
-            batches[size] = batches.get(size, 0) + int(b["compute_infer"]["count"])
+            total = batches.setdefault(int(b["batch_size"]), {"count": 0, "ns": 0})
+            total["count"] += int(b["compute_infer"]["count"])
+            total["ns"] += int(b["compute_infer"].get("ns", 0))
     merged["batch_stats"] = [
-        {"batch_size": size, "compute_infer": {"count": n}} for size, n in sorted(batches.items())
+        {"batch_size": size, "compute_infer": infer} for size, infer in sorted(batches.items())
     ]
     return merged
 
@@ -76,13 +79,20 @@ def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, ModelDel
             return (_ns(end, key) - _ns(start, key)) / 1e6 / success if success else 0.0
 
         started = {
-            b["batch_size"]: int(b["compute_infer"]["count"]) for b in start.get("batch_stats", [])
+            int(b["batch_size"]): (
+                int(b["compute_infer"]["count"]),
+                int(b["compute_infer"].get("ns", 0)),
+            )
+            for b in start.get("batch_stats", [])
         }
-        histogram = {}
+        histogram, infer_ms = {}, {}
         for b in end.get("batch_stats", []):
-            n = int(b["compute_infer"]["count"]) - started.get(b["batch_size"], 0)
+            size = int(b["batch_size"])
+            count0, ns0 = started.get(size, (0, 0))
+            n = int(b["compute_infer"]["count"]) - count0
             if n:
-                histogram[int(b["batch_size"])] = n
+                histogram[size] = n
+                infer_ms[size] = (int(b["compute_infer"].get("ns", 0)) - ns0) / 1e6 / n
         out[model] = ModelDelta(
             model=model,
             inferences=int(end.get("inference_count", 0)) - int(start.get("inference_count", 0)),
@@ -94,6 +104,7 @@ def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, ModelDel
             ),
             request_ms=per_request("success"),
             cache_hits=_ns(end, "cache_hit", "count") - _ns(start, "cache_hit", "count"),
+            batch_infer_ms=infer_ms,
         )
     return out
 
