@@ -211,7 +211,7 @@ class FusedClassifyModel:
     On a CPU (``runtime`` onnxruntime, the default) Pillow decodes and the classifier's own
     model.onnx runs on onnxruntime. On a GPU instance (``runtime: torch``, configs/gpu-local)
     nvJPEG decodes, the model runs in PyTorch at padded batch sizes (CUDA graphs) and the top k
-    are taken on the GPU (``pipelines.backend.torch_model.TorchImagePipeline``).
+    are taken on the GPU (``pipelines.gpu_classifier.TorchImagePipeline``).
     """
 
     def initialize(self, args):
@@ -220,7 +220,7 @@ class FusedClassifyModel:
         params = bk.parameters(args)
         self.default_k = int(params.get("top_k", classification.DEFAULT_TOP_K))
         if params.get("runtime") == "torch":
-            from pipelines.backend.torch_model import TorchImagePipeline  # GPU hosts only
+            from pipelines.gpu_classifier import TorchImagePipeline  # torch: GPU hosts only
 
             device = torch_io.instance_device(args)
             self.pipeline = TorchImagePipeline(params, device, bk.max_batch_size(args))

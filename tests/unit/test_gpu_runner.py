@@ -169,7 +169,7 @@ def test_fused_classify_on_torch_answers_as_the_reference_and_fails_only_a_bad_i
 
 
 def test_buckets_that_cannot_hold_max_batch_size_fail_the_model_at_load(monkeypatch):
-    from pipelines.backend import torch_model
+    from pipelines.gpu_classifier import ImageClassifier
 
     with pytest.raises(ValueError, match="below max_batch_size"):
-        torch_model.ImageClassifier.from_parameters({"buckets": "8,16"}, "cpu", 256)
+        ImageClassifier.from_parameters({"buckets": "8,16"}, "cpu", 256)
