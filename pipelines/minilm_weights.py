@@ -12,6 +12,8 @@ from pathlib import Path
 WEIGHTS_PACKAGE = "all_minilm_l6_v2"
 ZIP_SHA256 = "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592"
 SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+# The package's tokenizer.json: a copy of it may stand in for the package where that cannot go.
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 
 
 def model_zip() -> Path:

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 
 from pipelines import embedding, minilm_weights
 
 
-@lru_cache(maxsize=1)
-def tokenizer():
-    """The model's own tokenizer.json, truncating like sentence-transformers.
+def tokenizer_json(path: str | None = None) -> bytes:
+    """The model's tokenizer.json: the package's, or the copy at ``path`` (same sha256).
+
+    A copy stands in for the package where that does not travel (a GPU host: tests/gpu_text.py).
+
+    Raises:
+        ValueError: the copy is not the pinned file.
+    """
+    if path is None:
+        return minilm_weights.read_member("tokenizer.json")
+    data = Path(path).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != minilm_weights.TOKENIZER_SHA256:
+        raise ValueError(f"{path}: sha256 {digest} != pinned {minilm_weights.TOKENIZER_SHA256}")
+    return data
+
+
+@lru_cache(maxsize=2)
+def tokenizer(path: str | None = None):
+    """The model's own tokenizer.json (``tokenizer_json``), truncating like sentence-transformers.
 
     The file ships with fixed padding to 128 and truncation at 128; sentence-transformers
     truncates at 256 (at 128, long texts drift from the reference: docs/models.md). Padding is
@@ -18,7 +37,7 @@ def tokenizer():
     """
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_buffer(minilm_weights.read_member("tokenizer.json"))
+    tok = Tokenizer.from_buffer(tokenizer_json(path))
     tok.enable_truncation(max_length=embedding.MAX_TOKENS)
     tok.no_padding()
     return tok
@@ -70,13 +89,14 @@ def encode(texts: Sequence[str]) -> tuple[list[list[int]], int]:
     return ids, sum(n > embedding.MAX_TOKENS for n in lengths)
 
 
-def encode_counted(texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+def encode_counted(texts: Sequence[str], tok=None) -> tuple[list[list[int]], list[int]]:
     """Word-piece ids of each text, cut at MAX_TOKENS, and how many each has uncut.
 
     The count comes from the cut-off pieces the tokenizer keeps (each with its own [CLS] and
-    [SEP]), so a long text is tokenized once, not again without the cut.
+    [SEP]), so a long text is tokenized once, not again without the cut. ``tok`` is a
+    ``tokenizer()`` (default: the package's).
     """
-    tok = tokenizer()
+    tok = tok if tok is not None else tokenizer()
     special = tok.post_processor.num_special_tokens_to_add(False)
     encodings = tok.encode_batch(list(texts))
     lengths = [len(e.ids) + sum(len(o.ids) - special for o in e.overflowing) for e in encodings]

@@ -3,9 +3,11 @@
 Three steps run a graph inside their own stub: the ONNX models on servers without the
 onnxruntime backend (``onnx_model``), ``tokenize_encode``'s encoder and ``classify_fused``'s
 classifier. Each asks ``open_engine`` for an ``Engine`` (feeds in, named outputs out) and never
-looks at how it runs: in this process on onnxruntime, or the model this server serves (a
-TensorRT engine or the native onnxruntime backend on a GPU), called through BLS. The engine also
-says which file answers and how (``source``, ``runtime``), which the per-text cache keys on.
+looks at how it runs: in this process on onnxruntime, the model this server serves (a TensorRT
+engine or the native onnxruntime backend on a GPU) called through BLS, or, for the text
+encoder on a GPU host without either backend, the network in PyTorch on the step's own device
+(``torch_encoder``). The engine also says which file answers and how (``source``,
+``numerics``), which the per-text cache keys on.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from pipelines import onnx_runner
+from pipelines import embedding, onnx_runner, padding
 
-RUNTIMES = ("onnxruntime", "triton")
+RUNTIMES = ("onnxruntime", "triton", "torch")
 
 
 class Served(NamedTuple):
@@ -34,7 +36,12 @@ class Engine(Protocol):
     """Runs one model's graph on a batch; rows of every output follow the rows of the feeds."""
 
     runtime: str  # one of RUNTIMES
-    source: Path  # the file whose numbers come back: the ONNX graph, or the engine built from it
+    source: Path  # the file whose numbers come back: the graph, an engine built from it, weights
+
+    @property
+    def numerics(self) -> str:
+        """What computes the numbers from ``source``: the runtime, and any precision it picks."""
+        ...
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs the engine was opened for, in that order."""
@@ -49,6 +56,11 @@ class OnnxEngine:
     outputs: Sequence[str]
     session: object
     runtime: str = "onnxruntime"
+
+    @property
+    def numerics(self) -> str:
+        """The runtime: it runs the graph in the graph's own precision."""
+        return self.runtime
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """One run of the session on every row."""
@@ -65,6 +77,11 @@ class TritonEngine:
     version: int
     max_rows: int
     runtime: str = "triton"
+
+    @property
+    def numerics(self) -> str:
+        """The runtime: the served model's file (``source``) fixes its precision."""
+        return self.runtime
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The served model's outputs, on the host, in the rows' order."""
@@ -108,19 +125,27 @@ def open_engine(
     params: Mapping[str, str],
     runtime: str = "onnxruntime",
     served: Served | None = None,
+    device: str = "cpu",
+    max_rows: int = embedding.MAX_TEXTS,
 ) -> Engine:
     """The engine that runs ``graph`` (a model.onnx) as the config's parameters say.
 
     Args:
-        graph: the ONNX file.
+        graph: the ONNX file, in ``<model repository>/<model>/<version>/``.
         outputs: the outputs each call returns, in order.
         params: the config's parameters: ``intra_op_thread_count``, ``inter_op_thread_count``
-            and ``onnxruntime_extensions``, for onnxruntime.
-        runtime: ``onnxruntime`` (in this process) or ``triton`` (through BLS).
+            and ``onnxruntime_extensions``, for onnxruntime; for torch, ``weights`` (a compact
+            copy of the text encoder's weights, absolute or relative to the model repository;
+            absent: the pinned package) and ``max_batch_tokens``.
+        runtime: ``onnxruntime`` (in this process), ``triton`` (through BLS) or ``torch`` (the
+            text encoder's network, whose graph ``graph`` is, in PyTorch on ``device``).
         served: for ``triton``, the model that this server serves from ``graph``'s folder.
+        device: for ``torch``, the instance's device (``torch_io.instance_device``).
+        max_rows: for ``torch``, the most rows one call holds (the step's max_batch_size).
 
     Raises:
-        ValueError: an unknown runtime, or ``triton`` without ``served``.
+        ValueError: an unknown runtime, ``triton`` without ``served``, or ``torch`` asked for
+            other outputs than the text encoder's.
     """
     if runtime == "onnxruntime":
         session = onnx_runner.create_session(
@@ -135,4 +160,18 @@ def open_engine(
         plan = graph.with_name("model.plan")
         source = plan if plan.exists() else graph
         return TritonEngine(source, outputs, served.model, served.version, served.max_rows)
-    raise ValueError(f"runtime {runtime!r}: one of {', '.join(RUNTIMES)} (triton needs a model)")
+    if runtime == "torch" and list(outputs) == [embedding.EMBEDDING]:
+        from pipelines.backend import torch_encoder  # torch: only this runtime imports it
+
+        weights = params.get("weights")
+        return torch_encoder.open_encoder(
+            # Relative to the model repository, like the paths Triton's configs hold.
+            graph.parents[2] / weights if weights else None,
+            device,
+            max_rows,
+            int(params.get("max_batch_tokens", padding.MAX_BATCH_TOKENS)),
+        )
+    raise ValueError(
+        f"runtime {runtime!r}: one of {', '.join(RUNTIMES)} "
+        f"(triton needs a model; torch runs the text encoder only)"
+    )

@@ -8,8 +8,11 @@ onnxruntime. Versions follow the encoder's: version N opens ``encoder/N/model.on
 
 Where Triton serves the encoder on a native backend (TensorRT or onnxruntime, in the NGC
 container: ``encoder_backend: "triton"``), the step calls that model through BLS instead of
-running the graph itself, one request per sub-batch (``pipelines.backend.engines`` opens
-either).
+running the graph itself, one request per sub-batch. On a GPU host whose server has neither
+backend (``configs/gpu-local.pbtxt``: ``encoder_backend: "torch"``) it runs the network in
+PyTorch on its instance's GPU. ``pipelines.backend.engines`` opens each of them. The
+``tokenizer`` parameter may name a copy of the package's tokenizer.json (sha256 checked), and
+``run_cost_tokens`` what one more encoder run costs (``padding.sub_batches``).
 
 In front of the encoder it keeps a per-text cache (``pipelines.text_cache``): its own LRU of
 ``text_cache_bytes``, and the Redis at ``$EMBED_TEXT_CACHE_URL`` when the launcher gives one.
@@ -21,14 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-from pipelines import embedding, minilm_weights, padding, text_cache, tokenization
+from pipelines import embedding, padding, text_cache, tokenization
 from pipelines.backend import batching as bk
-from pipelines.backend import engines, metrics
+from pipelines.backend import engines, metrics, torch_io
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -90,7 +94,7 @@ class TokenizeModel:
     def initialize(self, args):
         """Load the tokenizer before the first request; create this instance's metrics."""
         self.name = args["model_name"]
-        tokenization.tokenizer()
+        self.tokenizer = tokenization.tokenizer(bk.parameters(args).get("tokenizer"))
         self.metrics = metrics.TokenizeMetrics(args)
 
     def finalize(self):
@@ -105,7 +109,9 @@ class TokenizeModel:
             raise bk.RequestError(str(exc)) from None
 
     def _run(self, items: list[Texts]) -> list[dict | Exception]:
-        tokens, lengths = tokenization.encode_counted([t for r in items for t in r.texts])
+        tokens, lengths = tokenization.encode_counted(
+            [t for r in items for t in r.texts], self.tokenizer
+        )
         outputs, refused, start, real, padded, truncated = [], [], 0, 0, 0, 0
         for request in items:
             mine = slice(start, start + len(request))
@@ -145,14 +151,18 @@ class TokenizeEncodeModel(TokenizeModel):
         version = args["model_version"]
         graph = Path(args["model_repository"]).parent / embedding.ENCODER / version / "model.onnx"
         max_rows = int(params.get("encoder_max_batch", str(embedding.MAX_TEXTS)))
+        runtime = params.get("encoder_backend", "onnxruntime")
         self.engine = engines.open_engine(
             graph,
             [embedding.EMBEDDING],
             params,
-            runtime=params.get("encoder_backend", "onnxruntime"),
+            runtime=runtime,
             served=engines.Served(embedding.ENCODER, int(version), max_rows),
+            device=torch_io.instance_device(args) if runtime == "torch" else "cpu",
+            max_rows=json.loads(args["model_config"])["max_batch_size"],
         )
         self.max_tokens = int(params.get("max_batch_tokens", padding.MAX_BATCH_TOKENS))
+        self.run_cost = int(params.get("run_cost_tokens", padding.RUN_COST_TOKENS))
         super().initialize(args)
         self.cache = text_cache_for(args, params, self.engine)
         self.cache_metrics = metrics.TextCacheMetrics(args) if self.cache else None
@@ -165,12 +175,12 @@ class TokenizeEncodeModel(TokenizeModel):
 
     def _encode(self, texts: list[str], truncate: list[bool]) -> list[Answer]:
         """Each text's (vector, word pieces) through the encoder, or its length if refused."""
-        tokens, lengths = tokenization.encode_counted(texts)
+        tokens, lengths = tokenization.encode_counted(texts, self.tokenizer)
         kept = [i for i, cut in enumerate(truncate) if not must_refuse(lengths[i], cut)]
         answers: list[Answer] = list(lengths)  # a refused text's answer: its length
         if kept:
             vectors, padded = padding.encode_sorted(
-                self._encoder, [tokens[i] for i in kept], self.max_tokens
+                self._encoder, [tokens[i] for i in kept], self.max_tokens, self.run_cost
             )
             for i, vector in zip(kept, vectors, strict=True):
                 answers[i] = (vector, len(tokens[i]))
@@ -309,7 +319,8 @@ def text_cache_for(
     layer is the Redis at ``$EMBED_TEXT_CACHE_URL``, if set, with ``text_cache_ttl_s``,
     ``text_cache_timeout_ms`` and the breaker's ``text_cache_breaker_failures`` and
     ``text_cache_breaker_reset_s``. The keyspace holds the file the encoder runs from (an
-    engine differs from the graph it was built from) and how it runs it.
+    engine differs from the graph it was built from, a compact copy from the weights), how it
+    runs it (FP16 differs from fp32) and the tokenizer file the step reads.
     """
     size = int(params.get("text_cache_bytes", "0"))
     if size <= 0:
@@ -318,9 +329,11 @@ def text_cache_for(
         model=embedding.ENCODER,
         version=args["model_version"],
         encoder_sha256=_sha256(engine.source),
-        tokenizer_sha256=hashlib.sha256(minilm_weights.read_member("tokenizer.json")).hexdigest(),
+        tokenizer_sha256=hashlib.sha256(
+            tokenization.tokenizer_json(params.get("tokenizer"))
+        ).hexdigest(),
         max_tokens=embedding.MAX_TOKENS,
-        runtime=engine.runtime,
+        runtime=engine.numerics,
     )
     shared = None
     url = os.environ.get(text_cache.URL_ENV)
