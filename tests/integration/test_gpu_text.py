@@ -65,10 +65,14 @@ def test_the_step_runs_the_torch_encoder_on_what_stands_for_the_gpu(gpu_local):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_served_vectors_are_the_fp32_onnx_encoder_s(gpu_local, encoder_onnx, protocol):
     texts = [*minilm.compact_texts(), f"a text only the {protocol} run sends"]
+    # Sentences alone: their run is padded past its longest text, to a length bucket.
+    sentences = [f"{t} ({protocol})" for t in text_samples.SENTENCES]
     with EmbedClient(url(gpu_local, protocol), protocol) as client:
         served = client.embed(texts, truncate=True)
+        alone = client.embed(sentences)
     assert served.shape == (len(texts), embedding.HIDDEN_SIZE)
     assert cosines(served, minilm.onnx_embeddings(encoder_onnx[0], texts)).min() >= MIN_COSINE
+    assert cosines(alone, minilm.onnx_embeddings(encoder_onnx[0], sentences)).min() >= MIN_COSINE
 
 
 _bursts = itertools.count()
