@@ -1,4 +1,8 @@
-"""Export EfficientNet-Lite0 (ImageNet weights) to the classifier's ONNX model and check parity."""
+"""Export EfficientNet-Lite0 (ImageNet weights) to the classifier's ONNX model and check parity.
+
+Also its weights' compact copy (``write_compact``): what travels to a GPU host, checked against
+the pinned fp32 weights before it is written.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import numpy as np
 import torch
 
 from export import onnx_export, samples
-from pipelines import classification, efficientnet_lite, image, onnx_runner
+from pipelines import classification, compact, efficientnet_lite, image, onnx_runner
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +22,51 @@ DEFAULT_OUTPUT = Path("model_repository") / classification.CLASSIFIER / "1" / "m
 # is well inside 1e-4, which still catches any real graph or weight mismatch (a wrong padding or
 # BN epsilon moves logits by > 0.1).
 FP32_ATOL = 1e-4
+# The compact copy keeps the convolution and linear weights in fp16 and the rest (BatchNorm's
+# statistics, biases) in fp32: half the bytes, and the GPU rounds the weights to fp16 anyway.
+# On the fp32 network here its logits move by less than 0.1 over the photos and their variants
+# (docs/gpu.md has the figure); this bound fails a copy that loses more.
+COMPACT_ATOL = 0.1
+
+
+def compact_rule(name: str, tensor: torch.Tensor) -> str:
+    """fp16 for weight tensors (2-D and up), fp32 for BatchNorm's vectors and the biases."""
+    return compact.FP16 if tensor.ndim >= 2 else compact.FP32
+
+
+def write_compact(output: Path, atol: float = COMPACT_ATOL) -> dict:
+    """Write the compact copy of the pinned weights, if its logits stay within ``atol``.
+
+    Checked on the sample photos and their variants: every logit within ``atol`` of the fp32
+    network's, and the same top-1.
+
+    Returns:
+        ``max_abs_diff`` (logits) and ``bytes`` (the file's size).
+
+    Raises:
+        SystemExit: outside the bound or another top-1; nothing is written then.
+    """
+    pixels = torch.from_numpy(np.concatenate([photos_batch(), variants_batch()]))
+    with torch.inference_mode():
+        expected = efficientnet_lite.load_pretrained()(pixels)
+    with onnx_export.staged(output) as path:
+        compact.pack(
+            efficientnet_lite.state_dict_as_shipped(),
+            path,
+            compact_rule,
+            efficientnet_lite.WEIGHTS_SHA256,
+        )
+        with torch.inference_mode():
+            got = efficientnet_lite.load_pretrained(path)(pixels)
+        report = {
+            "max_abs_diff": float((got - expected).abs().max()),
+            "top1_agreement": float((got.argmax(1) == expected.argmax(1)).float().mean()),
+            "bytes": path.stat().st_size,
+        }
+        log.info("compact weights: %s (bound %s)", report, atol)
+        if report["max_abs_diff"] > atol or report["top1_agreement"] < 1.0:
+            raise SystemExit(f"compact weights outside the bound {atol}: {report}")
+    return report
 
 
 def photos_batch() -> np.ndarray:

@@ -189,22 +189,38 @@ def load_pretrained(path: Path | None = None) -> EfficientNetLite0:
     """Build the network and load the ImageNet weights strictly, after checking their sha256.
 
     Args:
-        path: state dict to load; defaults to the pinned weights package.
+        path: state dict to load; defaults to the pinned weights package. A ``.safetensors``
+            file is a compact copy of the pinned weights (``pipelines.compact``; made and
+            checked by ``export.efficientnet_lite0.write_compact``), which must name them as
+            its source.
 
     Returns:
         The network in eval mode.
 
     Raises:
-        ValueError: the file's sha256 is not the pinned one.
+        ValueError: the file's sha256 is not the pinned one, or a compact copy of other weights.
     """
-    path = path or weights_path()
-    digest = sha256(path)
-    if digest != WEIGHTS_SHA256:
-        raise ValueError(f"{path}: sha256 {digest} != pinned {WEIGHTS_SHA256}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    path = Path(path or weights_path())
+    if path.suffix == ".safetensors":
+        from pipelines import compact
+
+        state = compact.unpack(path, WEIGHTS_SHA256)
+    else:
+        digest = sha256(path)
+        if digest != WEIGHTS_SHA256:
+            raise ValueError(f"{path}: sha256 {digest} != pinned {WEIGHTS_SHA256}")
+        state = torch.load(path, map_location="cpu", weights_only=True)
     model = EfficientNetLite0()
     model.load_state_dict({_rename(k): v for k, v in state.items()}, strict=True)
     return model.eval()
+
+
+def state_dict_as_shipped(path: Path | None = None) -> dict[str, torch.Tensor]:
+    """The pinned weights with the package's own names (sha256-checked), for a compact copy."""
+    path = path or weights_path()
+    if sha256(path) != WEIGHTS_SHA256:
+        raise ValueError(f"{path}: sha256 differs from the pinned {WEIGHTS_SHA256}")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def fold_batchnorm(model: EfficientNetLite0) -> EfficientNetLite0:

