@@ -136,7 +136,8 @@ def open_engine(
         params: the config's parameters: ``intra_op_thread_count``, ``inter_op_thread_count``
             and ``onnxruntime_extensions``, for onnxruntime; for torch, ``weights`` (a compact
             copy of the text encoder's weights, absolute or relative to the model repository;
-            absent: the pinned package) and ``max_batch_tokens``.
+            absent: the pinned package), ``max_batch_tokens`` and
+            ``intra_op_thread_count``.
         runtime: ``onnxruntime`` (in this process), ``triton`` (through BLS) or ``torch`` (the
             text encoder's network, whose graph ``graph`` is, in PyTorch on ``device``).
         served: for ``triton``, the model that this server serves from ``graph``'s folder.
@@ -170,6 +171,7 @@ def open_engine(
             device,
             max_rows,
             int(params.get("max_batch_tokens", padding.MAX_BATCH_TOKENS)),
+            int(params.get("intra_op_thread_count", "0")),
         )
     raise ValueError(
         f"runtime {runtime!r}: one of {', '.join(RUNTIMES)} "

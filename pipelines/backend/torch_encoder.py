@@ -105,7 +105,9 @@ class TorchEngine:
         return len(shapes)
 
 
-def open_encoder(weights: Path | None, device: str, max_rows: int, max_tokens: int) -> TorchEngine:
+def open_encoder(
+    weights: Path | None, device: str, max_rows: int, max_tokens: int, threads: int = 0
+) -> TorchEngine:
     """The encoder on ``device``, warmed up for runs of the given sizes where it is a GPU.
 
     Args:
@@ -114,7 +116,10 @@ def open_encoder(weights: Path | None, device: str, max_rows: int, max_tokens: i
         device: ``cuda:<id>`` or ``cpu`` (``torch_io.instance_device``).
         max_rows: the most texts one run holds (the step's max_batch_size).
         max_tokens: the most padded positions one run holds (``max_batch_tokens``).
+        threads: torch's CPU threads in this process (0: torch's default, one per core).
     """
+    if threads > 0:
+        torch.set_num_threads(threads)
     on_gpu = device != "cpu"
     dtype = torch.float16 if on_gpu else torch.float32
     model = bert.SentenceEncoder(bert.load_pretrained(weights)).to(device, dtype).eval()
