@@ -105,6 +105,17 @@ def _tiny():
     return torch.nn.Identity()
 
 
+def test_the_torch_runtime_takes_its_cpu_threads_from_the_config(tmp_path, monkeypatch):
+    """As onnxruntime's sessions do: a thread per core spins on cores that others hold."""
+    calls = []
+    monkeypatch.setattr(torch_encoder.bert, "load_pretrained", lambda w=None: _tiny())
+    monkeypatch.setattr(torch_encoder.torch, "set_num_threads", calls.append)
+    graph = tmp_path / "repo" / embedding.ENCODER / "1" / "model.onnx"
+    engines.open_engine(graph, [embedding.EMBEDDING], {"intra_op_thread_count": "1"}, "torch")
+    engines.open_engine(graph, [embedding.EMBEDDING], {}, "torch")  # torch's own default
+    assert calls == [1]
+
+
 def test_the_cache_keys_each_weights_file_and_precision_apart(engine, encoder_onnx):
     args = {"model_version": "1"}
     params = {"text_cache_bytes": str(1 << 20)}
