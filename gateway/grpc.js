@@ -1,10 +1,16 @@
-// The model of a gRPC request, read where nginx alone cannot see it: inside the body.
+// The model of a gRPC request, read where nginx alone cannot see it: inside the body, in
+// nginx's njs (0.7.9).
 //
-// ModelInfer, ModelReady and ModelMetadata each name their model in field 1 of their message
-// (model_name / name), which every protobuf encoder writes first. nginx writes the body to a
-// file as it arrives (client_body_in_file_only, so a stream costs its small buffer, not its
-// size, in memory), this script reads the field from the file's first bytes, and sends the
-// request on by an internal redirect, which keeps the body for grpc_pass:
+// ModelInfer, ModelReady and ModelMetadata name their model in field 1 of their
+// message (model_name / name). A protobuf parser (Triton's) takes every field wherever it
+// comes, skips the ones it does not know, and keeps the last of a field given twice: the
+// first bytes of a message do not name its model. So the gateway walks every top-level field
+// of the message, jumping over each one's contents (tensors included), and takes the request
+// only when field 1 is there exactly once, as a string; a second one, which Triton would
+// take instead, is refused. nginx writes the body to a file as it arrives
+// (client_body_in_file_only, so a stream costs its small buffer, not its size, in memory)
+// and the walk reads from it through a small window. `route` then sends the request on by
+// an internal redirect, which keeps the body for grpc_pass:
 //   @grpc_infer   a served model's ModelInfer: the tenant's and the model's buckets, then Triton
 //   @grpc_model   a served model's readiness or metadata: straight to Triton
 //   @grpc_refused anything else, with $grpc_refusal_status and $grpc_refusal_message
@@ -16,28 +22,156 @@ import fs from 'fs';
 // grpc-status codes.
 const INVALID_ARGUMENT = 3;
 const NOT_FOUND = 5;
-// Enough for the message header and any served model's name.
-const HEAD_BYTES = 1024;
+// More fields than any served model's request has (one per input, output, tensor's bytes and
+// parameter, and a few more): the walk stops there rather than spend the worker on a body
+// made of millions of tiny fields.
+const MAX_FIELDS = 1024;
+// Longer than any served model's name: such a name is not looked at.
+const MAX_NAME = 256;
+// Bytes read from the body file at a time: field headers and names.
+const WINDOW = 16384;
+// ModelInferRequest's model_name, ModelReady's and ModelMetadata's name.
+const NAME = 1;
+// Protobuf wire types.
+const VARINT = 0;
+const FIXED64 = 1;
+const LENGTH_DELIMITED = 2;
+const FIXED32 = 5;
 
-// The first length-delimited field 1 of the first message, or null if it is not there.
-function modelName(body) {
-    // A gRPC message: 1 byte "compressed", 4 bytes big-endian length, the protobuf.
-    if (body.length < 7 || body[0] !== 0) {
-        return null;
-    }
-    let i = 5;
-    if (body[i++] !== 0x0a) {  // field 1, wire type 2 (length-delimited)
-        return null;
-    }
+function Refusal(status, message) {
+    this.status = status;
+    this.message = message;
+}
+
+// Bytes of the body file by position, through one buffer: -1 past its end.
+function reader(fd) {
+    const window = Buffer.alloc(WINDOW);
+    let start = 0;
     let length = 0;
-    for (let shift = 0; shift <= 14; shift += 7) {
-        const b = body[i++];
-        length |= (b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            return i + length <= body.length ? body.slice(i, i + length).toString() : null;
+    return function byteAt(pos) {
+        if (pos < start || pos >= start + length) {
+            start = pos;
+            length = fs.readSync(fd, window, 0, WINDOW, pos);
+            if (length <= 0) {
+                length = 0;
+                return -1;
+            }
+        }
+        return window[pos - start];
+    };
+}
+
+function malformed(why) {
+    return new Refusal(INVALID_ARGUMENT, 'the gateway could not read this request: ' + why);
+}
+
+// The varint at pos, as [value, the position after it]. Values past 2^53 lose their low
+// bits, which no length or tag compared below cares about: they exceed any body.
+function varint(byteAt, pos, end, most) {
+    let value = 0;
+    for (let i = 0; i < most; i++) {
+        const b = pos < end ? byteAt(pos) : -1;
+        if (b < 0) {
+            throw malformed('a field runs past the end of its message');
+        }
+        pos++;
+        value += (b & 0x7f) * Math.pow(2, 7 * i);
+        if (b < 0x80) {
+            return [value, pos];
         }
     }
-    return null;  // a model name of 2 MB or more: not one of ours
+    throw malformed('a varint longer than protobuf allows');
+}
+
+// Calls visit(number, wireType, start, end) for each field of the message in [start, end),
+// as a protobuf parser meets them; fields of every kind count towards budget.fields.
+// Groups (wire types 3 and 4, long deprecated) and invalid wire types are refused.
+function walk(byteAt, start, end, budget, visit) {
+    let pos = start;
+    while (pos < end) {
+        if (++budget.fields > MAX_FIELDS) {
+            throw malformed('more than ' + MAX_FIELDS + ' fields');
+        }
+        // A tag is a uint32 varint: at most 5 bytes.
+        const tag = varint(byteAt, pos, end, 5);
+        pos = tag[1];
+        const number = Math.floor(tag[0] / 8);
+        const wireType = tag[0] % 8;
+        if (number === 0 || tag[0] > 0xffffffff) {
+            throw malformed('an invalid field tag');
+        }
+        let contents = pos;
+        if (wireType === VARINT) {
+            pos = varint(byteAt, pos, end, 10)[1];
+        } else if (wireType === FIXED64) {
+            pos += 8;
+        } else if (wireType === FIXED32) {
+            pos += 4;
+        } else if (wireType === LENGTH_DELIMITED) {
+            const length = varint(byteAt, pos, end, 10);
+            contents = length[1];
+            pos = contents + length[0];
+        } else {
+            throw malformed('wire type ' + wireType + ' (groups are not accepted)');
+        }
+        if (pos > end) {
+            throw malformed('a field runs past the end of its message');
+        }
+        visit(number, wireType, contents, pos);
+    }
+}
+
+// The bytes [start, end) of the body file as text.
+function text(fd, start, end) {
+    const buffer = Buffer.alloc(end - start);
+    const read = fs.readSync(fd, buffer, 0, end - start, start);
+    return buffer.slice(0, read).toString();
+}
+
+// The model named by the one gRPC message in the body file: its name's text (null when
+// longer than MAX_NAME), after walking every field. Throws a Refusal for a message that is
+// compressed, not whole, not protobuf, or names its model other than once.
+function requestModel(fd) {
+    const byteAt = reader(fd);
+    // A gRPC message: 1 byte "compressed", 4 bytes big-endian length, the protobuf.
+    const compressed = byteAt(0);
+    if (compressed !== 0) {
+        throw new Refusal(INVALID_ARGUMENT, compressed < 0
+            ? 'the gateway could not read this request: no message'
+            : 'the gateway reads the model name from an uncompressed request: send it '
+            + 'without gRPC compression');
+    }
+    let length = 0;
+    for (let i = 1; i <= 4; i++) {
+        const b = byteAt(i);
+        if (b < 0) {
+            throw malformed('a message shorter than its header');
+        }
+        length = length * 256 + b;
+    }
+    const end = 5 + length;
+    if ((length > 0 && byteAt(end - 1) < 0) || byteAt(end) >= 0) {
+        throw malformed('the body is not one whole message');
+    }
+    const budget = {fields: 0};
+    const names = [];
+    walk(byteAt, 5, end, budget, function (number, wireType, from, to) {
+        if (number === NAME) {
+            if (wireType !== LENGTH_DELIMITED) {
+                throw malformed('the model name is not a string');
+            }
+            names.push([from, to]);
+        }
+    });
+    if (names.length !== 1) {
+        throw new Refusal(INVALID_ARGUMENT, names.length === 0
+            ? 'the request names no model'
+            : 'the request names its model ' + names.length + ' times: the gateway takes '
+            + 'a request that names it once');
+    }
+    const from = names[0][0];
+    const to = names[0][1];
+    return to - from <= MAX_NAME ? text(fd, from, to) : null;
 }
 
 function refuse(r, status, message) {
@@ -46,32 +180,29 @@ function refuse(r, status, message) {
     r.internalRedirect('@grpc_refused');
 }
 
-// The first bytes of the request body, from the file nginx wrote it to (none: empty).
-function head(r) {
+function route(r) {
     const path = r.variables.request_body_file;
     if (!path) {
-        return Buffer.alloc(0);
+        return refuse(r, INVALID_ARGUMENT, 'the gateway could not read this request: no message');
     }
+    let model;
     const fd = fs.openSync(path, 'r');
     try {
-        const buffer = Buffer.alloc(HEAD_BYTES);
-        return buffer.slice(0, fs.readSync(fd, buffer, 0, HEAD_BYTES, 0));
+        model = requestModel(fd);
+    } catch (e) {
+        if (e instanceof Refusal) {
+            return refuse(r, e.status, e.message);
+        }
+        throw e;
     } finally {
         fs.closeSync(fd);
     }
-}
-
-function route(r) {
-    const model = modelName(head(r));
-    if (model === null) {
-        return refuse(r, INVALID_ARGUMENT, 'the gateway reads the model name from an '
-            + 'uncompressed request: send it without gRPC compression');
-    }
     const served = r.variables.grpc_models.split(' ');
-    if (served.indexOf(model) < 0) {
+    if (model === null || served.indexOf(model) < 0) {
         // Into a header: at most 64 printable characters of it, '%' escaped (grpc-message
         // is percent-encoded).
-        const shown = model.slice(0, 64).replace(/[^\x20-\x7e]/g, '?').replace(/%/g, '%25');
+        const shown = (model || '').slice(0, 64).replace(/[^\x20-\x7e]/g, '?')
+            .replace(/%/g, '%25');
         return refuse(r, NOT_FOUND, "unknown model '" + shown + "': this gateway serves "
             + served.join(', '));
     }
