@@ -158,3 +158,16 @@ def model_config_json() -> str:
 
     config = model_config.resolve(MODEL_REPOSITORY / embedding.TOKENIZE_ENCODE, "gpu-local")
     return model_config.to_json(config)
+
+
+def test_a_copy_of_the_tokenizer_stands_in_for_the_package_and_no_other_file(tmp_path):
+    copy, other = tmp_path / "tokenizer.json", tmp_path / "other.json"
+    copy.write_bytes(minilm_weights.read_member("tokenizer.json"))
+    tok = tokenization.tokenizer(str(copy))
+    assert tok is not tokenization.tokenizer()  # read from the copy, not the package
+    assert tokenization.encode_counted(
+        ["A man is eating food."], tok
+    ) == tokenization.encode_counted(["A man is eating food."])
+    other.write_bytes(copy.read_bytes().replace(b'"[UNK]"', b'"[UNKNOWN]"', 1))
+    with pytest.raises(ValueError, match=r"sha256 \w+ != pinned"):
+        tokenization.tokenizer_json(str(other))
