@@ -1,7 +1,8 @@
-// The model of a gRPC request, read where nginx alone cannot see it: inside the body, in
-// nginx's njs (0.7.9).
+// What the gateway reads inside an inference request before it passes it on, in nginx's njs
+// (0.7.9): a gRPC request's model, and, over both protocols, whether the request sets a
+// parameter that only the operator may set.
 //
-// ModelInfer, ModelReady and ModelMetadata name their model in field 1 of their
+// The model. ModelInfer, ModelReady and ModelMetadata name their model in field 1 of their
 // message (model_name / name). A protobuf parser (Triton's) takes every field wherever it
 // comes, skips the ones it does not know, and keeps the last of a field given twice: the
 // first bytes of a message do not name its model. So the gateway walks every top-level field
@@ -14,24 +15,36 @@
 //   @grpc_infer   a served model's ModelInfer: the tenant's and the model's buckets, then Triton
 //   @grpc_model   a served model's readiness or metadata: straight to Triton
 //   @grpc_refused anything else, with $grpc_refusal_status and $grpc_refusal_message
+//
+// The parameters. An inference request's `priority` and `timeout` place it in its model's
+// queue (docs/operations.md#many-models-on-one-server-contention): through the gateway a
+// tenant could put its requests ahead of every other tenant's. A request that sets either is
+// refused: gRPC's ModelInferRequest.parameters in the same walk (INVALID_ARGUMENT), HTTP's
+// JSON by `http` (400), which reads the JSON header (the whole body, or its first
+// Inference-Header-Content-Length bytes) before redirecting to @http_infer.
 // gateway/nginx/nginx.conf.j2 holds the locations and sets $grpc_models (the served models,
-// space-separated).
+// space-separated) and $infer_header_max (the most bytes of JSON the gateway reads).
 
 import fs from 'fs';
 
 // grpc-status codes.
 const INVALID_ARGUMENT = 3;
 const NOT_FOUND = 5;
+// The request parameters that are the operator's: Triton reads them from these keys.
+const OWNED = ['priority', 'timeout'];
 // More fields than any served model's request has (one per input, output, tensor's bytes and
 // parameter, and a few more): the walk stops there rather than spend the worker on a body
 // made of millions of tiny fields.
 const MAX_FIELDS = 1024;
 // Longer than any served model's name: such a name is not looked at.
 const MAX_NAME = 256;
-// Bytes read from the body file at a time: field headers and names.
+// Bytes read from the body file at a time: field headers, names, parameter keys.
 const WINDOW = 16384;
-// ModelInferRequest's model_name, ModelReady's and ModelMetadata's name.
+// ModelInferRequest's fields: model_name 1, parameters 4 (map<string, InferParameter>, each
+// entry a field 4 holding key 1 and value 2). ModelReady's and ModelMetadata's name is 1.
 const NAME = 1;
+const PARAMETERS = 4;
+const ENTRY_KEY = 1;
 // Protobuf wire types.
 const VARINT = 0;
 const FIXED64 = 1;
@@ -128,10 +141,31 @@ function text(fd, start, end) {
     return buffer.slice(0, read).toString();
 }
 
+// The request parameter of OWNED a map entry [start, end) names, or null. An entry that
+// names its key twice is Triton's last; any of them is checked here.
+function ownedEntry(fd, byteAt, start, end, budget) {
+    let owned = null;
+    walk(byteAt, start, end, budget, function (number, wireType, from, to) {
+        if (number === ENTRY_KEY && wireType === LENGTH_DELIMITED && to - from <= MAX_NAME) {
+            const key = text(fd, from, to);
+            if (OWNED.indexOf(key) >= 0) {
+                owned = key;
+            }
+        }
+    });
+    return owned;
+}
+
+function ownedRefusal(key) {
+    return "request parameter '" + key + "' is not accepted through the gateway: a "
+        + "request's priority and timeout are the operator's (send it without)";
+}
+
 // The model named by the one gRPC message in the body file: its name's text (null when
 // longer than MAX_NAME), after walking every field. Throws a Refusal for a message that is
-// compressed, not whole, not protobuf, or names its model other than once.
-function requestModel(fd) {
+// compressed, not whole, not protobuf, or names its model other than once; and, for
+// ModelInfer (`infer`), for one that sets a parameter of OWNED.
+function requestModel(fd, infer) {
     const byteAt = reader(fd);
     // A gRPC message: 1 byte "compressed", 4 bytes big-endian length, the protobuf.
     const compressed = byteAt(0);
@@ -161,6 +195,11 @@ function requestModel(fd) {
                 throw malformed('the model name is not a string');
             }
             names.push([from, to]);
+        } else if (infer && number === PARAMETERS && wireType === LENGTH_DELIMITED) {
+            const owned = ownedEntry(fd, byteAt, from, to, budget);
+            if (owned !== null) {
+                throw new Refusal(INVALID_ARGUMENT, ownedRefusal(owned));
+            }
         }
     });
     if (names.length !== 1) {
@@ -188,7 +227,7 @@ function route(r) {
     let model;
     const fd = fs.openSync(path, 'r');
     try {
-        model = requestModel(fd);
+        model = requestModel(fd, r.uri.endsWith('/ModelInfer'));
     } catch (e) {
         if (e instanceof Refusal) {
             return refuse(r, e.status, e.message);
@@ -210,4 +249,97 @@ function route(r) {
     r.internalRedirect(r.uri.endsWith('/ModelInfer') ? '@grpc_infer' : '@grpc_model');
 }
 
-export default {route: route};
+// HTTP -------------------------------------------------------------------------------------
+
+// A JSON key's text that decodes to `key`: each character as itself or as a \u escape (with
+// either case of hex digit).
+function keyPattern(key) {
+    let pattern = '';
+    for (let i = 0; i < key.length; i++) {
+        const hex = ('000' + key.charCodeAt(i).toString(16)).slice(-4)
+            .replace(/[a-f]/g, function (d) { return '[' + d + d.toUpperCase() + ']'; });
+        pattern += '(?:' + key[i] + '|\\\\u' + hex + ')';
+    }
+    return pattern;
+}
+
+// A key of OWNED, at any depth of a JSON text. In JSON a key's opening quote follows '{' or ','
+// and whitespace, and a quote there is never inside a string: a string's own quotes are
+// escaped, and one that closed a string could not be followed by a key's letters. So every
+// such key a JSON parser (rapidjson, in Triton) finds matches this, and nothing inside a
+// string value does, whatever its escapes. A text that is not JSON is Triton's to refuse.
+const OWNED_KEY = new RegExp('[{,][ \\t\\n\\r]*"(' + OWNED.map(keyPattern).join('|')
+    + ')"[ \\t\\n\\r]*:');
+
+// The first `length` bytes of the request body, which nginx wrote to a file (fewer if the body
+// is shorter).
+function bodyHead(r, length) {
+    const path = r.variables.request_body_file;
+    if (!path) {
+        return Buffer.alloc(0);
+    }
+    const fd = fs.openSync(path, 'r');
+    try {
+        const buffer = Buffer.alloc(Math.min(length, fs.fstatSync(fd).size));
+        return buffer.slice(0, fs.readSync(fd, buffer, 0, buffer.length, 0));
+    } finally {
+        fs.closeSync(fd);
+    }
+}
+
+// The JSON of an HTTP inference request, as Triton finds it: the first
+// Inference-Header-Content-Length bytes of the body (Triton takes the first such header, so
+// a second is refused), or the whole body without one; null for 0, where Triton reads the
+// whole body as one tensor's bytes. Refusals: over $infer_header_max bytes (413), a length
+// that is not a number or longer than the body (400, as Triton would).
+function inferenceJson(r) {
+    const max = parseInt(r.variables.infer_header_max);
+    const given = r.rawHeadersIn.filter(function (header) {
+        return header[0].toLowerCase() === 'inference-header-content-length';
+    });
+    if (given.length > 1) {
+        throw new Refusal(400, 'Inference-Header-Content-Length given more than once');
+    }
+    let length = null;
+    if (given.length === 1) {
+        if (!/^[0-9]{1,10}$/.test(given[0][1])) {
+            throw new Refusal(400, 'Inference-Header-Content-Length must be a number of bytes');
+        }
+        length = parseInt(given[0][1], 10);
+        if (length === 0) {
+            return null;
+        }
+    }
+    const json = bodyHead(r, length === null ? max + 1 : Math.min(length, max + 1));
+    if (json.length > max) {
+        throw new Refusal(413, 'the JSON of an inference request is at most ' + max
+            + ' bytes through the gateway: send large tensors as binary data '
+            + '(Inference-Header-Content-Length)');
+    }
+    if (length !== null && json.length < length) {
+        throw new Refusal(400, 'Inference-Header-Content-Length is longer than the body');
+    }
+    return json;
+}
+
+// An HTTP inference request: on to @http_infer, or refused with a JSON error.
+function http(r) {
+    try {
+        const json = inferenceJson(r);
+        // As text: bytes that are not UTF-8 become U+FFFD, and every ASCII byte (quotes,
+        // backslashes) stays itself, as rapidjson reads it.
+        const owned = json === null ? null : OWNED_KEY.exec(new TextDecoder().decode(json));
+        if (owned !== null) {
+            throw new Refusal(400, ownedRefusal(JSON.parse('"' + owned[1] + '"')));
+        }
+    } catch (e) {
+        if (e instanceof Refusal) {
+            r.headersOut['Content-Type'] = 'application/json';
+            return r.return(e.status, JSON.stringify({error: e.message}));
+        }
+        throw e;
+    }
+    r.internalRedirect('@http_infer');
+}
+
+export default {route: route, http: http};

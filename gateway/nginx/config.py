@@ -181,6 +181,10 @@ class Clients:
         timeout: how long a client may send nothing (headers, body) or read nothing.
         operators: client addresses or CIDR blocks that may read model configs and statistics
             (perf_analyzer needs both); everyone else gets 403 / PERMISSION_DENIED.
+        max_json: the most bytes of an HTTP inference request's JSON (the whole body, or the
+            header before binary tensors) that gateway/grpc.js reads for the parameters it
+            refuses; more is refused (413). As much as the OpenAI API holds of a call: a batch
+            of texts fits, large tensors go as binary data.
     """
 
     max_body: str = "64m"
@@ -188,6 +192,7 @@ class Clients:
     conns: int = 1024
     timeout: str = "10s"
     operators: tuple[str, ...] = ()
+    max_json: int = 4 << 20
 
     @property
     def allowed(self) -> tuple[str, ...]:

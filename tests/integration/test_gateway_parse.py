@@ -2,20 +2,30 @@
 
 A gRPC request names its model inside its protobuf message, where a parser keeps the last of a
 field given twice and skips fields it does not know: the gateway routes, shapes and logs a
-request under the model Triton answers for, or refuses it. Each refusal is checked against the
-same bytes sent to Triton directly, which takes them (docs/operations.md#security).
+request under the model Triton answers for, or refuses it. An inference request's `priority`
+and `timeout` parameters are the operator's: a tenant's request that sets either is refused,
+over gRPC, HTTP JSON and HTTP binary tensors alike. Each refusal is checked against the same
+bytes sent to Triton directly, which takes them (docs/operations.md#security).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import ssl
 import time
+from functools import partial
 
 import grpc
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from gevent.ssl import create_default_context
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
 
 from bench.harness.pki import make_pki
 from gateway import shaping
@@ -38,6 +48,8 @@ TEXT_STEPS = (
     embedding.TOKENIZE_ENCODE,
     embedding.OPENAI_MODELS[embedding.ENSEMBLE],
 )
+OWNED = ("priority", "timeout")
+OWNED_REFUSAL = "is not accepted through the gateway"
 # Few examples, always the same ones: the suite runs on a small, busy machine, and a failure
 # must come back on the next run.
 PROPERTY = settings(
@@ -292,22 +304,37 @@ NAMES = st.one_of(
 
 
 @st.composite
+def parameter_field(draw) -> tuple[set[str], bytes]:
+    """(keys a parser may read, one entry of ModelInferRequest.parameters): an entry as a
+    client writes it, one that gives its key twice, or a field 4 of another wire type."""
+    keys = draw(st.lists(st.sampled_from([*OWNED, "user", "prio", "x"]), min_size=1, max_size=2))
+    value = service_pb2.InferParameter(int64_param=draw(st.integers(1, 3))).SerializeToString()
+    if draw(st.booleans()):
+        entry = b"".join(field(1, LENGTH_DELIMITED, key.encode()) for key in keys)
+        return set(keys), field(4, LENGTH_DELIMITED, entry + field(2, LENGTH_DELIMITED, value))
+    return set(), field(4, VARINT, 1)
+
+
+@st.composite
 def infer_message(draw):
-    """(names, bytes) of a ModelInferRequest in pieces, shuffled."""
+    """(names, parameter keys, bytes) of a ModelInferRequest in pieces, shuffled."""
     names = draw(NAMES)
+    parameters = draw(st.lists(parameter_field(), max_size=2))
     inputs = text_request("").SerializeToString()  # inputs (5) and the tensor's bytes (7)
     pieces = [
         *(piece for _, _, piece in names),
+        *(piece for _, piece in parameters),
         *draw(st.lists(unknown_field(), max_size=3)),
         inputs,
     ]
     pieces = draw(st.permutations(pieces))
-    return [(model, string) for model, string, _ in names], b"".join(pieces)
+    keys = set().union(*(keys for keys, _ in parameters))
+    return [(model, string) for model, string, _ in names], keys, b"".join(pieces)
 
 
-def expected(names: list[tuple[str, bool]]):
+def expected(names: list[tuple[str, bool]], keys: set[str]):
     """The gateway's answer, by its rules: (status, the model it passes the request to)."""
-    if len(names) != 1 or not names[0][1]:
+    if len(names) != 1 or not names[0][1] or keys & set(OWNED):
         return grpc.StatusCode.INVALID_ARGUMENT, None
     model = names[0][0]
     return (grpc.StatusCode.OK, model) if model in SERVED else (grpc.StatusCode.NOT_FOUND, None)
@@ -318,10 +345,10 @@ def expected(names: list[tuple[str, bool]]):
 def test_a_model_infer_is_answered_logged_and_shaped_for_the_model_triton_reads(
     plain, server, pki, case
 ):
-    names, message = case
+    names, keys, message = case
     # What Triton's parser makes of the bytes (protobuf's own, here in Python).
     parsed = service_pb2.ModelInferRequest.FromString(message)
-    want, model = expected(names)
+    want, model = expected(names, keys)
     event(f"{want.name} {model}")
     before = len(shaping_lines(plain))
     with channel(plain, server, pki) as front:
@@ -348,7 +375,7 @@ def test_metadata_and_readiness_are_answered_for_the_model_triton_reads(
 ):
     names, message = case
     parsed = service_pb2.ModelMetadataRequest.FromString(message)
-    want, model = expected(names)
+    want, model = expected(names, set())
     event(f"{method} {want.name} {model}")
     with channel(plain, server, pki) as front:
         code, response, details = raw_call(front, method, message)
@@ -357,3 +384,267 @@ def test_metadata_and_readiness_are_answered_for_the_model_triton_reads(
         assert response.name == parsed.name == model
     elif code == grpc.StatusCode.OK:
         assert response.ready and parsed.name == model
+
+
+# Request parameters the gateway owns ------------------------------------------------------------
+def post(address: str, path: str, body: bytes, headers=(), tls: bool = False, pki=None):
+    """(status, JSON answer) of one POST with exactly this body and these (name, value) headers."""
+    host, port = address.rsplit(":", 1)
+    if tls:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        conn = http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
+    else:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.putrequest("POST", path)
+        for name, value in [("Content-Length", str(len(body))), *headers]:
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def front_post(gateway: Nginx, pki, body: bytes, headers=()):
+    tls = gateway.gateway.tls is not None
+    path = f"/v2/models/{embedding.ENSEMBLE}/infer"
+    return post(gateway.http_url, path, body, headers, tls, pki)
+
+
+def direct_post(server, body: bytes, headers=()):
+    return post(server.http_url, f"/v2/models/{embedding.ENSEMBLE}/infer", body, headers)
+
+
+def json_request(text: str = "a short sentence", tail: str = "") -> bytes:
+    """embed's request in JSON; ``tail`` is more of the top-level object, written as is."""
+    inputs = [{"name": embedding.TEXT, "shape": [1, 1], "datatype": "BYTES", "data": [text]}]
+    return ('{"inputs":' + json.dumps(inputs) + tail + "}").encode()
+
+
+def texts_input(mod, texts=("a short sentence",)):
+    tensor = mod.InferInput(embedding.TEXT, [len(texts), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([t.encode() for t in texts], np.object_).reshape(-1, 1))
+    return tensor
+
+
+@pytest.mark.parametrize("parameter", [{"priority": 1}, {"timeout": 1_000_000}], ids=str)
+def test_a_tenant_cannot_set_its_own_priority_or_timeout(gateway, server, pki, parameter):
+    """The queue jump: Triton takes priority 1 from anyone; the gateway takes it from no one."""
+    tls = gateway.gateway.tls is not None
+    ca = str(pki.ca) if tls else None
+    https = {"ssl": True, "ssl_context_factory": partial(create_default_context, cafile=ca)}
+    http_front = httpclient.InferenceServerClient(gateway.http_url, **(https if tls else {}))
+    grpc_front = grpcclient.InferenceServerClient(gateway.grpc_url, ssl=tls, root_certificates=ca)
+    http_direct = httpclient.InferenceServerClient(server.http_url)
+    grpc_direct = grpcclient.InferenceServerClient(server.grpc_url)
+    for front, direct, mod in (
+        (http_front, http_direct, httpclient),  # binary tensors: the JSON is the header
+        (grpc_front, grpc_direct, grpcclient),
+    ):
+        with front, direct:
+            with pytest.raises(InferenceServerException) as refused:
+                front.infer(embedding.ENSEMBLE, [texts_input(mod)], **parameter)
+            assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+            assert f"'{next(iter(parameter))}' {OWNED_REFUSAL}" in refused.value.message()
+            # The control: Triton takes it, and the gateway takes the request without it.
+            want = direct.infer(embedding.ENSEMBLE, [texts_input(mod)], **parameter)
+            got = front.infer(embedding.ENSEMBLE, [texts_input(mod)])
+            np.testing.assert_allclose(
+                got.as_numpy(embedding.EMBEDDING), want.as_numpy(embedding.EMBEDDING), atol=1e-6
+            )
+    # The same in a JSON body.
+    key, value = next(iter(parameter.items()))
+    body = json_request(tail=f',"parameters":{{"{key}":{value}}}')
+    status, answer = front_post(gateway, pki, body)
+    assert status == 400 and OWNED_REFUSAL in answer["error"], answer
+    assert direct_post(server, body)[0] == 200
+
+
+def test_a_parameter_whose_key_is_written_twice_is_refused_over_grpc(gateway, server, pki):
+    """A map entry that names its key twice: protobuf keeps the last, so Triton reads
+    'priority' (and here fails on its string value, which shows that it read it)."""
+    value = service_pb2.InferParameter(string_param="x").SerializeToString()
+    entry = (
+        field(1, LENGTH_DELIMITED, b"user")
+        + field(1, LENGTH_DELIMITED, b"priority")
+        + field(2, LENGTH_DELIMITED, value)
+    )
+    message = text_request(embedding.ENSEMBLE).SerializeToString() + field(
+        4, LENGTH_DELIMITED, entry
+    )
+    with channel(gateway, server, pki) as front, channel(None, server, pki) as direct:
+        code, _, details = raw_call(front, "ModelInfer", message)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and OWNED_REFUSAL in details, details
+        code, _, details = raw_call(direct, "ModelInfer", message)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "'priority'" in details, details
+
+
+# Each: (JSON body, whether the gateway refuses it, whether Triton reads a priority or timeout
+# from it). An invalid value ("x") makes Triton say so ("Unable to parse 'priority'"), which
+# shows that it read the key.
+HIDDEN = {
+    "escaped key": (json_request(tail=',"parameters":{"prior\\u0069ty":"x"}'), True, True),
+    "the first of two parameters": (
+        b'{"parameters":{"priority":"x"},' + json_request()[1:-1] + b',"parameters":{}}',
+        True,
+        True,
+    ),
+    "spaces and newlines": (
+        json_request(tail=',\n "parameters" :\t{ "timeout"\r\n: "x" }'),
+        True,
+        True,
+    ),
+    # A key of those names anywhere is refused, though Triton reads only the request's own.
+    "in an input's parameters": (
+        json_request().replace(b'"data"', b'"parameters":{"priority":"x"},"data"'),
+        True,
+        False,
+    ),
+    # "Timeout" is no parameter of Triton's: it passes.
+    "another name": (json_request(tail=',"parameters":{"\\u0054imeout":"x"}'), False, False),
+}
+
+
+@pytest.mark.parametrize("case", HIDDEN)
+def test_priority_and_timeout_are_refused_however_the_json_writes_them(gateway, server, pki, case):
+    body, refused, triton_reads_it = HIDDEN[case]
+    status, answer = front_post(gateway, pki, body)
+    if refused:
+        assert status == 400 and OWNED_REFUSAL in answer["error"], answer
+    else:
+        assert status == 200, answer
+    _, direct_answer = direct_post(server, body)
+    read = any(f"Unable to parse '{key}'" in str(direct_answer) for key in OWNED)
+    assert read == triton_reads_it, direct_answer
+
+
+def test_keys_inside_texts_and_other_json_pass_as_they_are(gateway, server, pki):
+    texts = ['{"priority": 1, "timeout": 2}', 'say \\"priority\\": 1', ',"timeout":']
+    for text in texts:
+        body = json_request(text, tail=',"parameters":{"prio":1,"user":"timeout"}')
+        status, answer = front_post(gateway, pki, body)
+        direct, want = direct_post(server, body)
+        assert status == direct == 200, answer
+        assert answer["outputs"][0]["data"] == pytest.approx(want["outputs"][0]["data"], abs=1e-6)
+
+
+def test_the_json_header_is_read_as_triton_reads_it(gateway, server, pki):
+    """Only the first Inference-Header-Content-Length bytes are JSON: a text after them that
+    reads like a parameter is a tensor's bytes, to the gateway as to Triton."""
+    text = b',"priority":1}'
+
+    def binary(parameters: bytes) -> tuple[bytes, list[tuple[str, str]]]:
+        header = (
+            b'{"inputs":[{"name":"TEXT","shape":[1,1],"datatype":"BYTES",'
+            b'"parameters":{"binary_data_size":%d}}]%s}' % (4 + len(text), parameters)
+        )
+        body = header + len(text).to_bytes(4, "little") + text
+        return body, [("Inference-Header-Content-Length", str(len(header)))]
+
+    for parameters, refused in ((b"", False), (b',"parameters":{"timeout":5}', True)):
+        body, length = binary(parameters)
+        status, answer = front_post(gateway, pki, body, length)
+        assert (status, OWNED_REFUSAL in str(answer)) == ((400, True) if refused else (200, False))
+        assert direct_post(server, body, length)[0] == 200
+    body, _ = binary(b"")
+    cases = {
+        "twice": [("Inference-Header-Content-Length", "4")] * 2,
+        "not a number": [("Inference-Header-Content-Length", "+12")],
+        "past the body": [("Inference-Header-Content-Length", str(len(body) + 1))],
+    }
+    for case, headers in cases.items():
+        status, answer = front_post(gateway, pki, body, headers)
+        assert status == 400 and "Inference-Header-Content-Length" in answer["error"], case
+    # More JSON than the gateway reads: refused, saying to send the tensors as binary.
+    big = json_request("x" * (gateway.gateway.clients.max_json + 1))
+    status, answer = front_post(gateway, pki, big)
+    assert status == 413 and "binary" in answer["error"], answer
+
+
+def test_a_body_read_from_its_file_goes_on_without_waiting(gateway, pki):
+    """The body goes to Triton in a file (the script read it there): it must not wait on TCP
+    after its headers (Nagle and a delayed ACK: 40 ms a request). Against the gateway's own
+    answer to a request without a body, on the same connection, interleaved."""
+    host, port = gateway.http_url.rsplit(":", 1)
+    if gateway.gateway.tls is None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    else:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        conn = http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
+    body = json_request()  # the same each time: Triton's response cache answers it
+    times: dict[str, list[float]] = {"infer": [], "metadata": []}
+    try:
+        for _ in range(30):
+            for kind, method, path, data in (
+                ("metadata", "GET", f"/v2/models/{embedding.ENSEMBLE}", None),
+                ("infer", "POST", f"/v2/models/{embedding.ENSEMBLE}/infer", body),
+            ):
+                began = time.perf_counter()
+                conn.request(method, path, body=data)
+                response = conn.getresponse()
+                assert response.status == 200, response.read()
+                response.read()
+                times[kind].append(time.perf_counter() - began)
+    finally:
+        conn.close()
+    infer, metadata = (float(np.median(times[k])) for k in ("infer", "metadata"))
+    # About 1x here; 40 ms a request is over 50x.
+    assert infer < 10 * metadata, (infer, metadata)
+
+
+@st.composite
+def json_body(draw) -> tuple[bytes, bool]:
+    """(embed's JSON request, whether it has a key of OWNED anywhere), written every which way:
+    keys plain or \\u-escaped, parameters objects repeated, members in any order, texts that
+    hold keys of their own, whitespace between every token."""
+    space = st.text(" \t\n\r", max_size=2)
+
+    def key(name: str) -> str:
+        chars = [
+            f"\\u{ord(c):04{draw(st.sampled_from('xX'))}}" if draw(st.booleans()) else c
+            for c in name
+        ]
+        return '"' + "".join(chars) + '"'
+
+    def obj(members: list[tuple[str, str]]) -> str:
+        inner = ",".join(f"{draw(space)}{k}{draw(space)}:{draw(space)}{v}" for k, v in members)
+        return "{" + inner + draw(space) + "}"
+
+    names = st.sampled_from([*OWNED, "Priority", "prio", "user", "timeout_s"])
+    found = False
+
+    def parameters() -> str:
+        nonlocal found
+        keys = draw(st.lists(names, max_size=3))
+        found |= bool(set(keys) & set(OWNED))
+        return obj([(key(k), draw(st.sampled_from(['"x"', "1", '"priority"']))) for k in keys])
+
+    text = draw(st.sampled_from(["plain", '{"priority": 1}', 'a\\"timeout\\":', ',"priority":1']))
+    tensor = [
+        (key("name"), json.dumps(embedding.TEXT)),
+        (key("shape"), "[1,1]"),
+        (key("datatype"), '"BYTES"'),
+        (key("data"), json.dumps([text])),
+    ]
+    if draw(st.booleans()):
+        tensor.append((key("parameters"), parameters()))
+    members = [(key("inputs"), "[" + obj(draw(st.permutations(tensor))) + "]")]
+    members += [(key("parameters"), parameters()) for _ in range(draw(st.integers(0, 2)))]
+    return obj(draw(st.permutations(members))).encode(), found
+
+
+@PROPERTY
+@given(case=json_body())
+def test_a_json_body_passes_exactly_when_it_sets_no_priority_or_timeout(plain, server, case):
+    body, has_owned_key = case
+    event(f"refused: {has_owned_key}")
+    status, answer = post(plain.http_url, f"/v2/models/{embedding.ENSEMBLE}/infer", body)
+    direct, direct_answer = direct_post(server, body)
+    if has_owned_key:
+        assert status == 400 and OWNED_REFUSAL in answer["error"], answer
+    else:
+        # Passed on: Triton's own answer, whatever it is; it never read a priority or timeout.
+        assert status == direct, answer
+        assert "Unable to parse 'priority'" not in str(direct_answer)
+        assert "Unable to parse 'timeout'" not in str(direct_answer)
