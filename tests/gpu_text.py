@@ -1,27 +1,29 @@
-"""The text service on a GPU host: what its run packs, loads, measures in process and serves.
+"""The text service on a GPU host: what its run packs, serves and measures.
 
-Parts of the GPU diagnostic, which makes the bundle, starts the server with
-``--model-config-name=gpu-local`` and calls these (the conventions of tests/gpu_check.py):
+Parts of the GPU diagnostic (tests/gpu_diag.py), which makes the bundle, serves
+``--model-config-name=gpu-local`` from a repository of its own and calls these, with the
+conventions of tests/gpu_check.py:
 
 - ``pack(out)``, on a machine with this repository's venv: what the host lacks for ``embed``.
   The weights package (83 MB) does not travel; its compact copy does (``pipelines.compact``,
   checked against the fp32 ONNX encoder as it is written), with the package's tokenizer.json and
   ``reference.json``: the sample texts with the fp32 ONNX encoder's vectors of them, and the
-  short and mixed-length texts the load sends.
-- ``load(server, bundle_dir)``: ``embed`` on a server started with explicit model control and
-  nothing of it loaded, its ``tokenize_encode`` reading those files (``weights`` and
-  ``tokenizer`` parameters), version 1 only, and without its per-text cache, so that every
-  measured text reaches the GPU (start the server with ``cache_bytes=0`` for the same reason;
-  the classifier may be loaded already).
+  short and mixed-length texts the load sends. The bundle carries them in its archive
+  (``gpu_check.data_dir``); ``text_dir`` finds them.
+- ``add_models(repository, source, bundle_dir)``: ``embed`` and its step into that repository
+  (``gpu_check.write_repository``'s layout), the step reading those files (``weights`` and
+  ``tokenizer`` parameters), version 1 only and without its per-text cache, so that every
+  measured text reaches the GPU (serve with ``cache_bytes=0`` for the same reason).
 - ``in_process(bundle_dir, device, plan)``: the same torch encoder as served, in this process:
   texts/s of the step's work (tokenize, sort, encode) at the batch sizes served runs form, and
   the cosine of its FP16 vectors to the fp32 reference.
-- ``served(grpc_url, http_url, out_dir, plan, deadline, bundle_dir)``: perf_analyzer (``--async``,
-  gRPC) on ``embed`` at each concurrency of the plan, short and mixed texts, with the batches
-  ``tokenize_encode`` formed meanwhile; and the served answers' cosine to the reference.
+- ``served(grpc_url, http_url, out_dir, plan, deadline)``: perf_analyzer (``--async``, gRPC) on
+  ``embed`` at each concurrency of the plan, short and mixed texts, with the batches
+  ``tokenize_encode`` formed meanwhile; and the served answers' cosine to the reference (the
+  one beside the tokenizer file the served step reads).
 
-``Plan.smoke()`` runs all of it on a CPU in seconds (tests/integration/test_gpu_text.py). A
-``bundle_dir`` of None reads the package and computes the reference here instead. Only the
+``Plan.smoke()`` runs all of it on a CPU in seconds (tests/integration/test_gpu_text.py).
+Without a bundle the step reads the package and the reference is computed here. Only the
 standard library is imported at module level: on the GPU host the rest comes from the bundle.
 """
 
@@ -63,11 +65,21 @@ class Plan:
         return cls((4,), (2,), 0.2, 1000, 1000.0, counted)
 
 
+def text_dir(bundle_dir: Path | None) -> Path | None:
+    """Where ``pack`` put the files: ``bundle_dir`` itself, or the unpacked bundle's data."""
+    if bundle_dir is None or (bundle_dir / COMPACT).exists():
+        return bundle_dir
+    from tests import gpu_check
+
+    return gpu_check.data_dir(bundle_dir) / gpu_check.TEXT
+
+
 def _files(bundle_dir: Path | None) -> tuple[str | None, str | None]:
     """(weights, tokenizer) paths for the step's parameters; None, None: the package."""
-    if bundle_dir is None:
+    folder = text_dir(bundle_dir)
+    if folder is None:
         return None, None
-    return str((bundle_dir / COMPACT).resolve()), str((bundle_dir / TOKENIZER).resolve())
+    return str((folder / COMPACT).resolve()), str((folder / TOKENIZER).resolve())
 
 
 def make_reference() -> dict:
@@ -87,9 +99,22 @@ def make_reference() -> dict:
 
 def reference(bundle_dir: Path | None) -> dict:
     """The bundle's reference.json, or one made here (``make_reference``) without a bundle."""
-    if bundle_dir is None:
+    folder = text_dir(bundle_dir)
+    if folder is None:
         return make_reference()
-    return json.loads((bundle_dir / REFERENCE).read_text())
+    return json.loads((folder / REFERENCE).read_text())
+
+
+def served_reference(http_url: str) -> dict:
+    """The reference packed with the tokenizer file the served step reads, else one made here."""
+    import tritonclient.http as http
+
+    from pipelines import embedding
+
+    with http.InferenceServerClient(http_url) as client:
+        parameters = client.get_model_config(embedding.TOKENIZE_ENCODE)["parameters"]
+    tokenizer = parameters.get("tokenizer", {}).get("string_value")
+    return reference(Path(tokenizer).parent if tokenizer else None)
 
 
 def pack(out: Path) -> dict[str, int]:
@@ -111,40 +136,38 @@ def pack(out: Path) -> dict[str, int]:
     return {name: (out / name).stat().st_size for name in (COMPACT, TOKENIZER, REFERENCE)}
 
 
-def load(server, bundle_dir: Path | None = None, text_cache: bool = False) -> None:
-    """Load ``embed`` on ``server``, its step reading the bundle's files (see the module).
+def add_models(
+    repository: Path, source: Path, bundle_dir: Path | None, text_cache: bool = False
+) -> list[str]:
+    """Write ``embed`` and ``tokenize_encode`` into ``repository`` (see the module).
 
-    The step's config is written into the server's own copy of the repository (the launcher
-    makes one for GPU configs) before anything of ``embed`` loads, not sent as an override:
-    loading the ensemble would reload the step from its folder, whose ``__pycache__`` the
-    first load wrote, and a reload is what 2.51 does not always survive (docs/triton-2.51.md).
+    Args:
+        repository: a repository of gpu_check.write_repository's layout.
+        source: the checkout's model repository.
+        bundle_dir: the bundle (None: the step reads the package).
+        text_cache: keep the step's per-text cache (measured texts repeat: off by default).
 
-    Raises:
-        ValueError: the server serves the checkout itself, which this must not write.
+    Returns:
+        The models written.
     """
-    import tritonclient.http as http
-    from google.protobuf import text_format
-
     import model_config
-    from paths import MODEL_REPOSITORY
     from pipelines import embedding
+    from tests import gpu_check
 
-    if server.repository.resolve() == MODEL_REPOSITORY.resolve():
-        raise ValueError(f"{server.repository} is the checkout: serve the GPU configs")
-    name = server.config.model_config_name
-    path = server.repository / embedding.TOKENIZE_ENCODE / "configs" / f"{name}.pbtxt"
-    config = model_config.parse(path)
-    config.version_policy.specific.versions[:] = [1]  # embed's; embed_int8 is not measured
+    models = (embedding.ENSEMBLE, embedding.TOKENIZE_ENCODE)
+    configs = {
+        name: (source / name, model_config.resolve(source / name, "gpu-local")) for name in models
+    }
+    step = configs[embedding.TOKENIZE_ENCODE][1]
+    step.version_policy.specific.versions[:] = [1]  # embed's; embed_int8 is not measured
     weights, tokenizer = _files(bundle_dir)
     if weights is not None:
-        config.parameters["weights"].string_value = weights
-        config.parameters["tokenizer"].string_value = tokenizer
+        step.parameters["weights"].string_value = weights
+        step.parameters["tokenizer"].string_value = tokenizer
     if not text_cache:
-        config.parameters["text_cache_bytes"].string_value = "0"
-    path.unlink()  # a link into the checkout, or the launcher's file: replaced, not written through
-    path.write_text(f"# Written by tests/gpu_text.py.\n{text_format.MessageToString(config)}")
-    with http.InferenceServerClient(server.http_url) as client:
-        client.load_model(embedding.ENSEMBLE, headers=server.admin_headers())
+        step.parameters["text_cache_bytes"].string_value = "0"
+    gpu_check.write_repository(repository, configs, None)
+    return list(models)
 
 
 def _cosines(a, b):
@@ -213,7 +236,8 @@ def served(
 ) -> dict:
     """perf_analyzer on the served ``embed`` and its answers' cosine (see the module).
 
-    A level that fails is a note; none starts after ``deadline`` (``time.monotonic()``).
+    A level that fails is a note; none starts after ``deadline`` (``time.monotonic()``). The
+    reference is ``bundle_dir``'s where given, else the served step's (``served_reference``).
     """
     import tritonclient.grpc as grpcclient
 
@@ -221,7 +245,7 @@ def served(
     from client.embed import EmbedClient
     from pipelines import embedding
 
-    ref = reference(bundle_dir)
+    ref = reference(bundle_dir) if bundle_dir is not None else served_reference(http_url)
     result = {"cosine_min": None, "levels": [], "notes": []}
     with EmbedClient(http_url, "http") as client:
         vectors = client.embed(ref["texts"], truncate=True)

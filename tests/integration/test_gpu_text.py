@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from client.connection import ClientError
 from client.embed import AsyncEmbedClient, EmbedClient
 from export import minilm, text_samples
+from paths import MODEL_REPOSITORY
 from pipelines import embedding
 from server import Server, ServerConfig
 from tests import gpu_text
@@ -40,18 +41,6 @@ def gpu_local(tmp_path_factory, encoder_onnx):
         instances_per_gpu=1, cache_bytes=0,
     )  # fmt: skip
     with Server(config, log_path=log_path) as running:
-        yield running
-
-
-@pytest.fixture
-def bare_gpu_local(tmp_path):
-    """A gpu-local server with nothing loaded, as the GPU run starts one: a reload of a loaded
-    step can bring tritonserver 2.51 down (docs/triton-2.51.md), a first load cannot."""
-    config = ServerConfig(
-        http_port=0, grpc_port=0, metrics_port=0, model_config_name="gpu-local",
-        extra_args=["--model-control-mode=explicit"], instances_per_gpu=1, cache_bytes=0,
-    )  # fmt: skip
-    with Server(config, log_path=tmp_path / "tritonserver.log") as running:
         yield running
 
 
@@ -131,45 +120,55 @@ def test_a_bad_text_fails_only_its_own_request(gpu_local, encoder_onnx, protocol
         assert client.embed(["still answering"]).shape == (1, embedding.HIDDEN_SIZE)
 
 
-def test_the_gpu_run_s_smoke_plan_serves_its_compact_weights(bare_gpu_local, tmp_path):
-    """What the GPU run does, here: pack, load through the weights parameter, measure."""
-    server = bare_gpu_local
+def test_the_gpu_run_s_smoke_plan_serves_its_compact_weights(tmp_path):
+    """What the GPU run does, here: pack, write the text models into a repository of its own
+    (their step reading the packed files), serve it, measure with the smoke plan."""
     bundle = tmp_path / "bundle"
     sizes = gpu_text.pack(bundle)
     assert set(sizes) == {gpu_text.COMPACT, gpu_text.TOKENIZER, gpu_text.REFERENCE}
     assert sizes[gpu_text.COMPACT] < 25 * 2**20  # int8: a quarter of the fp32 weights
-    gpu_text.load(server, bundle)
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        parameters = client.get_model_config(embedding.TOKENIZE_ENCODE)["parameters"]
-    assert parameters["weights"]["string_value"] == str((bundle / gpu_text.COMPACT).resolve())
-    assert parameters["text_cache_bytes"]["string_value"] == "0"
-    texts = minilm.compact_texts()
-    with EmbedClient(server.grpc_url, "grpc") as client:
-        from_copy = client.embed(texts, truncate=True)
-    # The copy's int8 weights answer: close to fp32, and not fp32 (which holds MIN_COSINE).
-    fidelity = cosines(from_copy, minilm.onnx_embeddings(minilm.DEFAULT_OUTPUT, texts)).min()
-    assert minilm.MIN_COSINE_COMPACT <= fidelity < MIN_COSINE
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    models = gpu_text.add_models(repository, MODEL_REPOSITORY, bundle)
+    assert models == [embedding.ENSEMBLE, embedding.TOKENIZE_ENCODE]
+    config = ServerConfig(
+        model_repository=repository, http_port=0, grpc_port=0, metrics_port=0,
+        model_config_name="gpu-local", instances_per_gpu=1, cache_bytes=0,
+        extra_args=["--model-control-mode=explicit", f"--load-model={embedding.ENSEMBLE}"],
+    )  # fmt: skip
+    with Server(config, log_path=tmp_path / "tritonserver.log") as server:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            parameters = client.get_model_config(embedding.TOKENIZE_ENCODE)["parameters"]
+        assert parameters["weights"]["string_value"] == str((bundle / gpu_text.COMPACT).resolve())
+        assert parameters["text_cache_bytes"]["string_value"] == "0"
+        texts = minilm.compact_texts()
+        with EmbedClient(server.grpc_url, "grpc") as client:
+            from_copy = client.embed(texts, truncate=True)
+        # The copy's int8 weights answer: close to fp32, and not fp32 (which holds MIN_COSINE).
+        fidelity = cosines(from_copy, minilm.onnx_embeddings(minilm.DEFAULT_OUTPUT, texts)).min()
+        assert minilm.MIN_COSINE_COMPACT <= fidelity < MIN_COSINE
 
-    plan = gpu_text.Plan.smoke()
-    local = gpu_text.in_process(bundle, "cpu", plan)
-    assert local["numerics"] == "torch float32"
-    assert local["cosine_min"] >= minilm.MIN_COSINE_COMPACT
-    assert set(local["texts_per_s"]) == {"short 4", "mixed 4"}
-    assert all(rate > 0 for rate in local["texts_per_s"].values())
-    out = tmp_path / "out"
-    report = gpu_text.served(
-        server.grpc_url, server.http_url, out, plan, time.monotonic() + 120, bundle
-    )
-    assert not report["notes"], report["notes"]
-    assert report["cosine_min"] >= minilm.MIN_COSINE_COMPACT
-    assert [(r["texts"], r["concurrency"]) for r in report["levels"]] == [
-        ("short", 2),
-        ("mixed", 2),
-    ]
-    for row in report["levels"]:
-        assert row["texts_per_s"] > 0 and row["avg_batch"] >= 1 and row["batch_histogram"]
-        assert row["cache_hits"] == 0
-    assert {p.name for p in out.iterdir()} == {"embed-short.json", "embed-mixed.json"}
-    # A deadline already past runs nothing and says so.
-    late = gpu_text.served(server.grpc_url, server.http_url, out, plan, 0.0, bundle)
-    assert not late["levels"] and len(late["notes"]) == 2
+        plan = gpu_text.Plan.smoke()
+        local = gpu_text.in_process(bundle, "cpu", plan)
+        assert local["numerics"] == "torch float32"
+        assert local["cosine_min"] >= minilm.MIN_COSINE_COMPACT
+        assert set(local["texts_per_s"]) == {"short 4", "mixed 4"}
+        assert all(rate > 0 for rate in local["texts_per_s"].values())
+        out = tmp_path / "out"
+        # As the diagnostic calls it: the reference is the one packed beside the served files.
+        report = gpu_text.served(
+            server.grpc_url, server.http_url, out, plan, time.monotonic() + 120
+        )
+        assert not report["notes"], report["notes"]
+        assert report["cosine_min"] >= minilm.MIN_COSINE_COMPACT
+        assert [(r["texts"], r["concurrency"]) for r in report["levels"]] == [
+            ("short", 2),
+            ("mixed", 2),
+        ]
+        for row in report["levels"]:
+            assert row["texts_per_s"] > 0 and row["avg_batch"] >= 1 and row["batch_histogram"]
+            assert row["cache_hits"] == 0
+        assert {p.name for p in out.iterdir()} == {"embed-short.json", "embed-mixed.json"}
+        # A deadline already past runs nothing and says so.
+        late = gpu_text.served(server.grpc_url, server.http_url, out, plan, 0.0, bundle)
+        assert not late["levels"] and len(late["notes"]) == 2
