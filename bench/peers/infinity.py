@@ -255,8 +255,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def check_vectors(server: InfinityServer, texts: Sequence[str]) -> float:
     """Lowest cosine between its vectors and the project's PyTorch reference for ``texts``."""
-    from pipelines import bert
     from export.minilm import reference_embeddings
+    from pipelines import bert
 
     expected = reference_embeddings(bert.load_pretrained(), list(texts))
     return float(cosines(server.embed(texts), expected).min())

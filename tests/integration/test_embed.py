@@ -15,8 +15,8 @@ import pytest
 import model_config
 from client.connection import ClientError, module
 from client.embed import AsyncEmbedClient, EmbedClient
-from export import text_samples
 from export import minilm as export_minilm
+from export import text_samples
 from pipelines import bert, embedding, tokenization
 from tests.helpers import batched_in_some_burst, run_cli, settled_executions
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from bench.harness.raw import throughput
-from export import text_samples
 from export import minilm as export_minilm
+from export import text_samples
 from pipelines import bert, embedding, onnx_runner, padding, tokenization
 
 
