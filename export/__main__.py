@@ -42,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     eff.add_argument("--output", type=Path, default=efficientnet_lite0.DEFAULT_OUTPUT)
     eff.add_argument("--opset", type=int, default=onnx_export.DEFAULT_OPSET)
+    eff.add_argument(
+        "--weights",
+        type=Path,
+        help="a compact copy of the pinned weights (.safetensors) instead of the package",
+    )
     mini = sub.add_parser(
         "minilm",
         help="all-MiniLM-L6-v2 → encoder ONNX, fp32 and INT8 (dynamic batch and sequence axes)",
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log.info("arguments: %s", vars(args))
     if args.model == "efficientnet_lite0":
-        efficientnet_lite0.main(args.output, args.opset)
+        efficientnet_lite0.main(args.output, args.opset, args.weights)
     elif args.model == "minilm":
         minilm.main(args.output, args.int8_output, args.opset, args.qdq_output)
     elif args.model == "minilm-compact":

@@ -122,10 +122,13 @@ def check_parity(
     return report
 
 
-def main(output: Path, opset: int) -> None:
-    """Load the pretrained weights, export with a dynamic batch axis, verify against PyTorch."""
-    model = efficientnet_lite.load_pretrained()
-    log.info("loaded %s (sha256 verified)", efficientnet_lite.weights_path())
+def main(output: Path, opset: int, weights: Path | None = None) -> None:
+    """Load the pretrained weights, export with a dynamic batch axis, verify against PyTorch.
+
+    ``weights``: a compact copy of them (a GPU host without the package) instead.
+    """
+    model = efficientnet_lite.load_pretrained(weights)
+    log.info("loaded %s (sha256 verified)", weights or efficientnet_lite.weights_path())
     pixels = np.concatenate([photos_batch(), variants_batch()])
     with onnx_export.staged(output) as path:
         onnx_export.export(

@@ -28,6 +28,8 @@ class ImageClassifier:
         sizes: buckets to pad batches to (None: run each batch at its own size).
         cuda_graphs: with ``sizes``, replay a CUDA graph per bucket (CUDA devices only).
         fold: fold BatchNorm into the convolutions first.
+        engine: a TensorRT engine built from the classifier's ONNX model, run instead of
+            PyTorch (``pipelines.tensorrt_runner``); the other switches do not apply to it.
     """
 
     def __init__(
@@ -37,9 +39,13 @@ class ImageClassifier:
         sizes: Sequence[int] | None = None,
         cuda_graphs: bool = False,
         fold: bool = False,
+        engine: Path | None = None,
     ):
         self.device = device
         self.dtype = torch.float16 if device != "cpu" else torch.float32
+        if engine is not None:
+            self.run = _engine_runner(engine, device)
+            return
         model = efficientnet_lite.load_pretrained(weights)
         if fold:
             model = efficientnet_lite.fold_batchnorm(model)
@@ -80,7 +86,22 @@ class ImageClassifier:
             sizes=buckets.parse(sizes, max_batch_size) if sizes else None,
             cuda_graphs=params.get("cuda_graphs") == "yes",
             fold=params.get("fold_batchnorm") == "yes",
+            engine=Path(params["engine"]) if params.get("engine") else None,
         )
+
+
+def _engine_runner(plan: Path, device: str):
+    """The engine over batches of any size: cut into pieces its largest profile takes."""
+    from pipelines.tensorrt_runner import EngineRunner
+
+    runner = EngineRunner(plan, device, classification.PIXELS, classification.LOGITS)
+    largest = (max(high for _, high in runner.ranges),)
+
+    def run(batch: torch.Tensor) -> torch.Tensor:
+        parts = [runner(batch[start:end]) for start, end, _ in buckets.pieces(len(batch), largest)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    return run
 
 
 class TorchImagePipeline:

@@ -173,3 +173,12 @@ def test_buckets_that_cannot_hold_max_batch_size_fail_the_model_at_load(monkeypa
 
     with pytest.raises(ValueError, match="below max_batch_size"):
         ImageClassifier.from_parameters({"buckets": "8,16"}, "cpu", 256)
+
+
+def test_a_batch_picks_the_first_engine_profile_that_takes_it():
+    from pipelines.tensorrt_runner import profile_for
+
+    ranges = [(1, 16), (17, 64), (65, 128)]
+    assert [profile_for(n, ranges) for n in (1, 16, 17, 64, 65, 128)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="no optimization profile takes a batch of 129"):
+        profile_for(129, ranges)
