@@ -196,7 +196,8 @@ def in_process(bundle_dir: Path | None, device: str, plan: Plan) -> dict:
         device,
         step.max_batch_size,
         max_tokens,
-        int(params.get("intra_op_thread_count", "0")),
+        # As served; on a GPU left alone: it would bind this whole process's CPU work.
+        int(params.get("intra_op_thread_count", "0")) if device == "cpu" else 0,
     )
     tok = tokenization.tokenizer(tokenizer_file)
 
