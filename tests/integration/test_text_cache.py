@@ -316,6 +316,7 @@ def test_texts_one_replica_embedded_are_redis_hits_on_the_other(replicas, uncach
         for b, a in zip(before, after, strict=True)
     )
     assert sum(missed) <= 8 * timeouts, (missed, timeouts)
+    from_redis = 0
     for server_before, server_after, mine, miss in zip(middle, after, encoded, missed, strict=True):
         hits = {
             layer: change(server_before, server_after, "pipeline_text_cache_hits_total",
@@ -323,6 +324,12 @@ def test_texts_one_replica_embedded_are_redis_hits_on_the_other(replicas, uncach
             for layer in ("local", "redis")
         }  # fmt: skip
         assert hits["local"] == mine and hits["redis"] == len(texts) - mine - miss, hits
+        from_redis += hits["redis"]
+    # And Redis did serve: each replica asked it for the texts the other encoded, 24 together.
+    # A timed-out call costs at most one request's eight, so a cache whose every call times out
+    # (each miss then excused by its timeout above) fails here; the counts seen on a busy
+    # machine: docs/operations.md#the-per-text-embedding-cache.
+    assert from_redis >= len(texts) // 2, (from_redis, missed, timeouts)
 
 
 def test_a_redis_killed_mid_load_costs_hits_never_an_answer(replicas, uncached):
