@@ -35,7 +35,7 @@ from gateway.nginx.config import OpenAI
 from gateway.nginx.process import Nginx
 from pipelines import embedding, tokenization
 from server import Server, ServerConfig
-from tests.helpers import batched_in_some_burst, encoder_alone
+from tests.helpers import batched_in_some_burst, encoder_alone, settled_executions
 
 pytestmark = pytest.mark.integration
 
@@ -481,19 +481,18 @@ def test_1d_requests_are_batched_with_each_other(server, encoder_onnx):
                 got = client.infer(embedding.TEXTS_ENSEMBLE, [tensor]).as_numpy(embedding.EMBEDDING)
             assert_same_vectors(got, alone(texts))
 
-        with httpclient.InferenceServerClient(server.http_url) as stats:
-            before = executions(stats)
-            with ThreadPoolExecutor(16) as pool:
-                list(pool.map(one, range(16)))
-            return executions(stats) - before
+        before = step_stats()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(16)))
+        # Read once the step's statistics count all 16: Triton may record a request after its
+        # client has the answer, and executions read before then can be too few to count.
+        return settled_executions(step_stats, before, 16)
 
-    def executions(client) -> int:
-        (version,) = [
-            v
-            for v in client.get_inference_statistics(embedding.TOKENIZE_ENCODE)["model_stats"]
-            if v["version"] == "1"
-        ]
-        return int(version["execution_count"])
+    def step_stats() -> dict:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            stats = client.get_inference_statistics(embedding.TOKENIZE_ENCODE)["model_stats"]
+        (version,) = [v for v in stats if v["version"] == "1"]
+        return version
 
     # 16 requests of 2 texts reach embed's step in fewer executions than requests. Sixteen
     # threads of blocking clients, with nothing to hold the step busy first, arrive too spread
