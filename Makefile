@@ -14,7 +14,8 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check imports lock \
+.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check gpu-diag \
+	imports lock \
 	engine up down
 
 venv: $(STAMP)
@@ -175,6 +176,12 @@ gpu-bundle: $(STAMP)
 
 gpu-check:
 	python3 -m tests.gpu_check run --bundle .gpu-bundle --out $(GPU_CHECK_OUT)
+
+# The GPU diagnosis (tests/gpu_diag.py): the image service's designs side by side on one GPU,
+# the text service beside them, in one run of about 7 minutes (docs/gpu.md reads its results).
+GPU_DIAG_OUT ?= results/gpu-diag
+gpu-diag:
+	python3 -m tests.gpu_diag run --bundle .gpu-bundle --out $(GPU_DIAG_OUT)
 
 samples: $(STAMP)
 	$(PY) -m export samples samples/
