@@ -52,16 +52,21 @@ def image_inputs(grpc) -> Callable[[int], list]:
     return lambda i: tensors[i % len(tensors)]
 
 
+# One count for the whole process: every make_inputs shares it, so the capacity loop and the
+# overload after it never send the same text (each made its own count from 0 before, and the
+# response cache answered the overload's first texts).
+_TEXT_SERIAL = itertools.count()
+
+
 def text_inputs(grpc) -> Callable[[int], list]:
-    """``make_inputs(i)``: one text per request, never the same one twice.
+    """``make_inputs(i)``: one text per request, never the same one twice in this process.
 
     ``embed``'s response cache then answers none of them (a cache hit is not work shed);
     ``i`` picks the sentence, a serial number makes it new.
     """
-    serial = itertools.count()
 
     def make(i: int) -> list:
-        text = f"{text_samples.SENTENCES[i % len(text_samples.SENTENCES)]} (#{next(serial)})"
+        text = f"{text_samples.SENTENCES[i % len(text_samples.SENTENCES)]} (#{next(_TEXT_SERIAL)})"
         return embed.build_inputs(grpc, [text])
 
     return make

@@ -532,3 +532,16 @@ def test_text_cache_targets_from_one_runs_cases():
         "| a second replica's hit ratio on what the first one served | 0.990 | ≥ 0.95 | yes |"
         in text
     )
+
+
+def test_overload_texts_never_repeat_across_the_capacity_loop_and_the_overload(monkeypatch):
+    """Each benchmark phase makes its own inputs; a repeated text would be a cache hit."""
+    from bench import overload
+
+    sent = []
+    monkeypatch.setattr(overload.embed, "build_inputs", lambda grpc, texts: sent.extend(texts))
+    capacity, overloaded = overload.text_inputs(None), overload.text_inputs(None)
+    for i in range(20):
+        capacity(i)
+        overloaded(i)
+    assert len(set(sent)) == len(sent) == 40
