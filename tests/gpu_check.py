@@ -766,6 +766,30 @@ def _manifest(bundle_dir: Path) -> dict:
     return json.loads((bundle_dir / "manifest.json").read_text())
 
 
+def add_run_arguments(run_parser: argparse.ArgumentParser) -> None:
+    """The options of ``run`` (this check's and the diagnosis')."""
+    run_parser.add_argument("--bundle", type=Path, help="unpack and use this bundle (GPU host)")
+    run_parser.add_argument("--out", type=Path, required=True, help="folder for the results")
+    run_parser.add_argument("--smoke", action="store_true", help="tiny plan: the script on a CPU")
+    run_parser.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
+
+
+def run_prepared(module: str, args: argparse.Namespace) -> int:
+    """Check the host, make the server's environment, and run ``module`` again inside it.
+
+    The measurement runs in the server's environment, so that the server and its stubs see the
+    same packages as the process that measures. Exit status 1 when the host lacks something.
+    """
+    python, report = prepare_host(args.bundle.resolve(), args.out, args.smoke)
+    if python is None:
+        print(report.markdown())
+        return 1
+    command = [str(python), "-m", module, "run", "--prepared"]
+    command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
+    command += ["--smoke"] if args.smoke else []
+    return subprocess.run(command, cwd=REPO, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     """``bundle`` or ``run``; exit status 1 when the run failed or served nothing."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -780,27 +804,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--python", default=TARGET_PYTHON, help=f"the GPU host's Python, one of {SUPPORTED_PYTHONS}"
     )
-    r = sub.add_parser("run", help="measure (on the GPU host; --smoke on a CPU)")
-    r.add_argument("--bundle", type=Path, help="unpack and use this bundle (on the GPU host)")
-    r.add_argument("--out", type=Path, required=True, help="folder for the results")
-    r.add_argument("--smoke", action="store_true", help="tiny plan: checks the script on a CPU")
-    r.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
+    add_run_arguments(sub.add_parser("run", help="measure (on the GPU host; --smoke on a CPU)"))
     args = parser.parse_args(argv)
     if args.command == "bundle":
         bundle(args.out, args.python)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.bundle is not None and not args.prepared:
-        python, report = prepare_host(args.bundle.resolve(), args.out, args.smoke)
-        if python is None:
-            print(report.markdown())
-            return 1
-        # The measurement runs in the server's environment, so that the server and its stubs
-        # see the same packages as this process.
-        command = [str(python), "-m", "tests.gpu_check", "run", "--prepared"]
-        command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
-        command += ["--smoke"] if args.smoke else []
-        return subprocess.run(command, cwd=REPO, check=False).returncode
+        return run_prepared("tests.gpu_check", args)
     report = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan())
     print(report.markdown())
     failed = any(n.startswith("failed") for n in report.notes) or not report.served

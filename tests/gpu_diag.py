@@ -840,14 +840,7 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Results:
 # The report ---------------------------------------------------------------------------------
 def markdown(r: Results) -> str:
     """The tables docs/gpu.md reads."""
-    lines = [
-        f"# gpu-diag on {r.host.get('device', '?')}",
-        "",
-        "```",
-        json.dumps(r.host, indent=1),
-        "```",
-        "",
-    ]
+    lines = _json_section(f"gpu-diag on {r.host.get('device', '?')}", r.host, "#")
     if r.cold:
         lines += [
             "## A1: first and second forward at new batch sizes (ms)",
@@ -860,14 +853,7 @@ def markdown(r: Results) -> str:
                 lines.append(f"| {size} | {t['first_ms']} | {t['second_ms']} | {cudnn} |")
         lines.append("")
     if r.ipc:
-        lines += [
-            "## A2: CUDA IPC per call (µs)",
-            "",
-            "```",
-            json.dumps(r.ipc, indent=1),
-            "```",
-            "",
-        ]
+        lines += _json_section("A2: CUDA IPC per call (µs)", r.ipc)
     if r.ceiling:
         columns = sorted({c for row in r.ceiling.values() for c in row})
         lines += [
@@ -905,9 +891,13 @@ def markdown(r: Results) -> str:
     )
     for title, value in sections:
         if value:
-            lines += [f"## {title}", "", "```", json.dumps(value, indent=1, default=str), "```", ""]
+            lines += _json_section(title, value)
     lines += [f"- {n}" for n in r.notes]
     return "\n".join(lines) + "\n"
+
+
+def _json_section(title: str, value, level: str = "##") -> list[str]:
+    return [f"{level} {title}", "", "```", json.dumps(value, indent=1, default=str), "```", ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -918,22 +908,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="diagnose (on the GPU host; --smoke on a CPU)")
-    r.add_argument("--bundle", type=Path, help="unpack and use this bundle (on the GPU host)")
-    r.add_argument("--out", type=Path, required=True, help="folder for the results")
-    r.add_argument("--smoke", action="store_true", help="tiny plan: checks the script on a CPU")
-    r.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
+    gpu_check.add_run_arguments(sub.add_parser("run", help="diagnose (GPU host; --smoke: CPU)"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.bundle is not None and not args.prepared:
-        python, report = gpu_check.prepare_host(args.bundle.resolve(), args.out, args.smoke)
-        if python is None:
-            print(report.markdown())
-            return 1
-        command = [str(python), "-m", "tests.gpu_diag", "run", "--prepared"]
-        command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
-        command += ["--smoke"] if args.smoke else []
-        return subprocess.run(command, cwd=gpu_check.REPO, check=False).returncode
+        return gpu_check.run_prepared("tests.gpu_diag", args)
     results = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan())
     print(markdown(results))
     failed = any(n.startswith("failed") for n in results.notes) or not results.levels
