@@ -62,3 +62,27 @@ def test_each_missing_piece_is_named(bundle, monkeypatch):
 def test_no_bundle_for_a_python_without_numpy_1_wheels(tmp_path):
     with pytest.raises(SystemExit, match=r"no bundle for Python 3\.13"):
         gpu_check.bundle(tmp_path, "3.13")
+
+
+def test_icu_data_becomes_a_stub_with_its_name_symbol_and_an_empty_table(tmp_path):
+    """The bundle's ICU data library: ICU's own header and no entries, a few KiB, not 29 MB."""
+    import ctypes
+
+    root = find_installation().binary.parent.parent.parent.parent  # site-packages
+    (real,) = (root / "nvidia_pytriton.libs").glob(gpu_check.ICU_DATA)
+    shutil.copy2(real, tmp_path / real.name)
+    gpu_check.stub_icu_data(tmp_path)
+    stub = tmp_path / real.name
+    assert stub.stat().st_size < 64 << 10 < real.stat().st_size
+    soname = subprocess.run(["readelf", "-d", str(stub)], capture_output=True, text=True).stdout
+    assert f"[{real.name}]" in soname
+    symbol = next(
+        s
+        for s in subprocess.run(
+            ["nm", "-D", str(real)], capture_output=True, text=True
+        ).stdout.split()
+        if s.startswith("icudt")
+    )
+    header = (ctypes.c_uint8 * 40).in_dll(ctypes.CDLL(str(stub)), symbol)
+    assert bytes(header[:4]) == bytes([32, 0, 0xDA, 0x27])  # header size, ICU's magic
+    assert bytes(header[12:16]) == b"ToCP" and bytes(header[32:36]) == bytes(4)  # no entries
