@@ -118,6 +118,11 @@ SLOWDOWN_LEFT = 0.5
 # Where flood and calm only share the cores, how much the unshaped flood must slow the calm
 # median for the comparison to mean anything.
 CONTROL_SLOWDOWN = 1.5
+# Both servers on one core, the gateways and the senders on the other: the model case's flood
+# and calm requests run in different steps, so on two free cores each had one to itself and
+# the unshaped control slowed the calm median only 1.2-1.4x on a quiet machine. On one core they
+# share it whatever else the machine runs.
+SERVER_CPUS = [1]
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
 
@@ -132,7 +137,11 @@ def servers(encoder_onnx, tmp_path_factory):
                 pool.submit(
                     lambda i: Server(
                         ServerConfig(
-                            http_port=0, grpc_port=0, metrics_port=0, extra_args=EXTRA_ARGS
+                            http_port=0,
+                            grpc_port=0,
+                            metrics_port=0,
+                            extra_args=EXTRA_ARGS,
+                            cpus=SERVER_CPUS,
                         ),
                         log_path=logs / f"triton-{i}.log",
                     ).start(timeout=120),
