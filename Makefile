@@ -63,8 +63,15 @@ $(RENDERED_CONFIGS) &: $(VARIANT_OVERLAYS) $(wildcard model_repository/*/configs
 
 configs: $(RENDERED_CONFIGS)
 
+# Models `python -m export torch` added (docs/your-model.md): a fresh clone has their configs and
+# signature.json, which keeps the command that exports their graphs again (their own package
+# must import). Order-only: an existing graph is the user's until they export it with --replace.
+GENERATED_ONNX := $(patsubst %/signature.json,%/1/model.onnx,$(wildcard model_repository/*/signature.json))
+model_repository/%/1/model.onnx: | $(STAMP) model_repository/%/signature.json
+	$(PY) -m export regenerate
+
 models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ONNX) \
-		$(EMBED_GRAPH_ONNX) configs
+		$(EMBED_GRAPH_ONNX) $(GENERATED_ONNX) configs
 
 # SERVE_ARGS: more launcher options, e.g. SERVE_ARGS="--http-port 9000". GATEWAY=1 puts the
 # gateway in front (nginx with njs, `make tools`): OpenAI's embeddings API on :8080/v1.
@@ -155,8 +162,9 @@ down: $(STAMP)
 	bash docker/engine.sh stop
 
 # Benchmark: perf_analyzer sweeps vs the raw engine and a peer server (PERF_ARGS=--full for all).
+# MODEL=<name>: one model of the repository (yours: docs/your-model.md) against its raw graph.
 perf: models
-	$(PY) -m bench perf $(PERF_ARGS)
+	$(PY) -m bench perf $(if $(MODEL),--model $(MODEL)) $(PERF_ARGS)
 
 # The SLO tuner (docs/performance.md): TUNE is classifier, encoder, classify, embed or shared;
 # it writes the winner as configs/local-tuned.pbtxt, served with --model-config-name local-tuned.

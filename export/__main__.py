@@ -6,6 +6,9 @@ Examples:
     python -m export embed-graph   # embed_graph/1/model.onnx: tokenizer op + fp32 encoder
     python -m export minilm-compact --output /tmp/minilm.safetensors  # int8 weights, checked
     python -m export samples samples/   # the sample photos the parity checks use, as JPEG files
+    python -m export torch --model mypkg.nets:build --input PIXELS:fp32:3,224,224 --name mynet
+        # any PyTorch model: ONNX checked against PyTorch, config, variants (docs/your-model.md)
+    python -m export regenerate   # the graphs of generated models that are missing (make models)
 
 TensorRT engines are built from these graphs by ``python -m export.tensorrt``.
 """
@@ -22,8 +25,11 @@ from export import (
     minilm,
     onnx_export,
     samples,
+    tensor_specs,
     text_graph,
+    torch_model,
 )
+from paths import MODEL_REPOSITORY
 
 log = logging.getLogger("export")
 
@@ -68,6 +74,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     graph.add_argument("--encoder", type=Path, default=minilm.DEFAULT_OUTPUT)
     graph.add_argument("--output", type=Path, default=text_graph.DEFAULT_OUTPUT)
+    own = sub.add_parser(
+        "torch",
+        help="any PyTorch model → ONNX (checked against PyTorch), config and variants",
+        description="Export a PyTorch model with a dynamic batch axis, check it, and write its "
+        "folder in the repository: config.pbtxt, the local, gpu, gpu-ort and gpu-local variants, "
+        "signature.json. Refuses, before writing anything, what Triton would refuse.",
+    )
+    torch_model.add_arguments(own)
+    again = sub.add_parser(
+        "regenerate", help="export again the generated models whose graphs are missing"
+    )
+    again.add_argument("--repository", type=Path, default=MODEL_REPOSITORY)
     smp = sub.add_parser("samples", help="write the sample photos (scikit-image/-learn) as JPEGs")
     smp.add_argument("directory", type=Path)
     return parser.parse_args(argv)
@@ -83,9 +101,22 @@ def write_samples(directory: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit status 1 when a parity check fails."""
+    """Entry point; exit status 1 when a parity check fails, 2 when a model is refused."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.model in ("torch", "regenerate"):
+        try:
+            if args.model == "torch":
+                torch_model.main(
+                    torch_model.request_from(args, argv), args.repository, args.replace
+                )
+            else:
+                torch_model.regenerate(args.repository)
+        except tensor_specs.SpecError as exc:
+            print(f"refused: {exc}", file=sys.stderr)
+            return 2
+        return 0
     log.info("arguments: %s", vars(args))
     if args.model == "efficientnet_lite0":
         efficientnet_lite0.main(args.output, args.opset, args.weights)

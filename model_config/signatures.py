@@ -1,13 +1,15 @@
 """Every config held to its model's signature, in every variant.
 
 The signatures are written once per service (``pipelines.classification.SIGNATURES``,
-``pipelines.embedding.SIGNATURES``): a config whose inputs or outputs drift from them (a name,
+``pipelines.embedding.SIGNATURES``), and for a model ``python -m export torch`` made, in its
+folder's ``signature.json``: a config whose inputs or outputs drift from them (a name,
 a datatype, a dimension, an optional flag, a tensor added or left out) is reported here, by
 ``python -m model_config`` (``make models``) and ``--check``, before any server loads it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from pipelines import classification, embedding
 from pipelines.tensors import Signature, Tensor
 
 SIGNATURES: dict[str, Signature] = {**classification.SIGNATURES, **embedding.SIGNATURES}
+# A generated model's signature, beside its config (export.model_files writes it).
+GENERATED = "signature.json"
 
 
 def _described(tensor: Tensor, is_input: bool) -> str:
@@ -59,6 +63,19 @@ def problems(config: mc.ModelConfig, signature: Signature) -> list[str]:
     )
 
 
+def signature_of(model_dir: Path) -> Signature | None:
+    """The model's signature: its signature.json's, else its service's; None if it has neither."""
+    path = model_dir / GENERATED
+    if not path.is_file():
+        return SIGNATURES.get(model_dir.name)
+    data = json.loads(path.read_text())
+
+    def tensors(items) -> tuple[Tensor, ...]:
+        return tuple(Tensor(i["name"], i["datatype"], tuple(i["dims"])) for i in items)
+
+    return Signature(tensors(data["inputs"]), tensors(data["outputs"]))
+
+
 def check_repository(repository: Path) -> list[str]:
     """Every model's config.pbtxt and every variant, held to its signature; one line a problem.
 
@@ -67,9 +84,9 @@ def check_repository(repository: Path) -> list[str]:
     """
     found = []
     for model_dir in model_config.model_dirs(repository):
-        signature = SIGNATURES.get(model_dir.name)
+        signature = signature_of(model_dir)
         if signature is None:
-            found.append(f"{model_dir}: no signature for this model in pipelines/")
+            found.append(f"{model_dir}: no signature for this model in pipelines/ or {GENERATED}")
             continue
         configs = [(model_config.BASE, model_config.parse(model_dir / model_config.BASE))]
         configs += [

@@ -93,7 +93,7 @@ def ensure_engines(
     folder = cache / cache_key(gpus[0], trt.__version__)
     engines = {}
     with _locked(folder):
-        for recipe in tensorrt.recipes():
+        for recipe in tensorrt.recipes(repository):
             plan = recipe.plan_path(folder)
             built_from = tensorrt.fingerprint(recipe, repository, trt.__version__)
             stale = cached_plan_problem(plan, built_from, recipe, repository)

@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_engines(args: argparse.Namespace) -> int:
     """Print the trtexec commands, or build (and check) engines."""
-    chosen = [r for r in tensorrt.recipes() if not args.only or r.model in args.only]
+    chosen = [r for r in tensorrt.recipes(args.repository) if not args.only or r.model in args.only]
     engines = args.engines or args.repository
     if args.commands:
         for recipe in chosen:

@@ -105,8 +105,37 @@ def _typical_texts() -> Sequence[str]:
     return text_samples.SENTENCES
 
 
-def recipes() -> list[Recipe]:
-    """Every engine the GPU configs expect (model, version, source ONNX, precision)."""
+def generated_recipes(repository: Path) -> list[Recipe]:
+    """The engines of the models ``python -m export torch`` wrote: FP16, and INT8 from version 2.
+
+    Their dynamic axes' ranges are the ones signature.json keeps.
+    """
+    import json
+
+    from model_config import signatures
+
+    found = []
+    for path in sorted(repository.glob(f"*/{signatures.GENERATED}")):
+        data = json.loads(path.read_text())
+        axes = {
+            name: {int(axis): tuple(r) for axis, r in ranges.items()}
+            for name, ranges in data.get("ranges", {}).items()
+        }
+        model = path.parent.name
+        found.append(Recipe(model, "1", "model.onnx", "fp16", axes))
+        if data.get("int8"):
+            found.append(Recipe(model, "2", "model.onnx", "int8", axes))
+    return found
+
+
+def recipes(repository: Path | None = None) -> list[Recipe]:
+    """Every engine the GPU configs expect (model, version, source ONNX, precision).
+
+    The repository's own models, then those ``python -m export torch`` added to ``repository``
+    (default: model_repository/).
+    """
+    from paths import MODEL_REPOSITORY
+
     seq = sequence_range()
     text_axes = {embedding.INPUT_IDS: {1: seq}, embedding.ATTENTION_MASK: {1: seq}}
     return [
@@ -115,6 +144,7 @@ def recipes() -> list[Recipe]:
         # INT8 needs explicit quantization (Q/DQ nodes): the CPU model of version 2 is dynamic
         # quantization (MatMulInteger), which TensorRT cannot parse.
         Recipe(embedding.ENCODER, "2", "model.qdq.onnx", "int8", text_axes),
+        *generated_recipes(repository or MODEL_REPOSITORY),
     ]
 
 
