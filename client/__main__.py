@@ -5,6 +5,7 @@ Examples:
     python -m client classify cat.jpg --protocol grpc --url localhost:8001
     python -m client embed "A man is eating food." "A man is riding a horse."
     python -m client embed --file texts.jsonl --out vectors.npy --protocol grpc
+    python -m client infer mynet inputs.npz --out outputs.npz   # any model, arrays by name
 
 Benchmarks and the SLO tuner are ``python -m bench``.
 """
@@ -17,7 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from client import connection
+import numpy as np
+
+from client import connection, tensors
 from client import embed as embed_client
 from client.classify import ClassifyClient
 from pipelines import classification, embedding
@@ -78,6 +81,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     emb.add_argument("--batch-size", type=int, default=32)
     emb.add_argument("--concurrency", type=int, default=8)
     _add_connection_args(emb)
+    inf = sub.add_parser(
+        "infer",
+        help="any model by name: inputs from a .npz (an array per input) or .npy, outputs out",
+    )
+    inf.add_argument("model", help="the model's name, e.g. one `python -m export torch` made")
+    inf.add_argument(
+        "inputs", type=Path, help=".npz with an array per input name (batch axis first), or .npy"
+    )
+    inf.add_argument("--out", type=Path, help="write the outputs to this .npz (default: print)")
+    _add_connection_args(inf)
     return parser.parse_args(argv)
 
 
@@ -134,12 +147,28 @@ def embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def infer(args: argparse.Namespace) -> int:
+    """Send the file's arrays in one request; print each output's shape and values, or save them."""
+    arrays = tensors.read_arrays(args.inputs)
+    with tensors.TensorClient(args.url, args.protocol, args.model, args.priority) as client:
+        client.check_ready()
+        outputs = client.infer_arrays(tensors.with_input_names(arrays, client.metadata()))
+    if args.out:
+        np.savez(args.out, **outputs)
+        print(f"{', '.join(outputs)} -> {args.out}", file=sys.stderr)
+        return 0
+    for name, array in outputs.items():
+        print(json.dumps({"output": name, "shape": list(array.shape), "data": array.tolist()}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: exit 0 on success, 1 with a one-line message on a known failure."""
     args = parse_args(argv)
     commands = {
         "classify": classify,
         "embed": embed,
+        "infer": infer,
     }
     try:
         return commands[args.command](args)
