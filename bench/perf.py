@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from bench import container, gateway, text_cache
+from bench import container, gateway, model, text_cache
 from bench.harness import affinity, inputs, perf_analyzer, variants
 from bench.harness.plan import (
     MIXED_WINDOW_REQUESTS,
@@ -36,6 +36,7 @@ examples:
   python -m bench perf --only classify    # classify, traced step by step, and its raw pipeline
   python -m bench perf --only gateway     # the gateway's cost: nginx and OpenAI vs Triton
   python -m bench perf --only container   # the CPU image's cost: host network, -p, make serve
+  python -m bench perf --model mynet      # a model you exported, against its raw graph
   python -m bench perf --report-only results/perf-20261130-020000   # rebuild the report
 """
 
@@ -81,6 +82,17 @@ def add_parser(sub) -> None:
         type=Path,
         help=f"use this environment with infinity-emb installed (default ${infinity.VENV_VARIABLE}"
         ", else .peers/infinity/venv, made on first use)",
+    )
+    which.add_argument(
+        "--model",
+        metavar="NAME",
+        help="one model `python -m export torch` made, against its raw graph on the same cores "
+        "(make perf MODEL=NAME; docs/your-model.md)",
+    )
+    p.add_argument(
+        "--levels",
+        default="1,8,32",
+        help="concurrencies for --model, comma-separated (default 1,8,32)",
     )
     p.add_argument("--rounds", type=int, help="override the number of interleaved rounds")
     p.add_argument("--out", type=Path, help="results folder (default results/perf-<time>)")
@@ -188,6 +200,8 @@ def method(plan: Plan, server_cpus, client_cpus, machine: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run (or rebuild) the benchmark and print where the report is."""
+    if args.model:
+        return model.run(args.model, [int(c) for c in args.levels.split(",")])
     if args.only in ("gateway", "container"):
         alone = {"gateway": gateway.main, "container": container.main}[args.only]
         return alone(["--rounds", str(args.rounds)] if args.rounds else [])
