@@ -147,6 +147,8 @@ class Report:
     served: list[dict] = field(default_factory=list)  # per concurrency level
     top1_agreement: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # Models `python -m export torch` made (run --model NAME): per model, per concurrency level.
+    own_models: dict[str, list[dict]] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """Headline ratios: served at saturation over the raw model and the raw pipeline."""
@@ -187,6 +189,14 @@ class Report:
                 f" {compute} |"
             )
         lines += ["", "raw model img/s by batch: " + json.dumps(self.raw_model)]
+        for name, rows in self.own_models.items():
+            lines += ["", f"{name} (its gpu-local config), gRPC, generated inputs:", ""]
+            lines += ["| concurrency | inferences/s | p99 ms | formed batch |", "|---|---|---|---|"]
+            lines += [
+                f"| {r['concurrency']} | {r['throughput']:.0f} | {r['p99_ms']:.1f} |"
+                f" {r['avg_batch']:.1f} |"
+                for r in rows
+            ]
         lines += ["", *[f"- {n}" for n in self.notes]]
         return "\n".join(lines) + "\n"
 
@@ -695,6 +705,49 @@ def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float,
         log.info("concurrency %s: %.0f img/s", level, point.throughput)
 
 
+def measure_own_model(report: Report, plan: Plan, name: str, out: Path, deadline: float) -> None:
+    """A generated model served alone with its gpu-local config, perf_analyzer at each level."""
+    import tritonclient.grpc as grpcclient
+
+    from bench import model as own
+    from bench.harness import perf_analyzer, stats
+    from paths import MODEL_REPOSITORY
+    from server import Server
+
+    data = own.input_data(own.input_specs(MODEL_REPOSITORY / name), out / f"{name}-inputs.json")
+    configs = gpu_local_configs(MODEL_REPOSITORY, (name,))
+    rows = report.own_models.setdefault(name, [])
+    with tempfile.TemporaryDirectory(prefix="gpu-check-own-") as tmp:
+        repository = write_repository(Path(tmp), configs, None)
+        config = server_config((name,), cache_bytes=0, model_repository=repository)
+        with Server(config, log_path=out / f"tritonserver-{name}.log") as server:
+            grpc = grpcclient.InferenceServerClient(server.grpc_url)
+            for level in plan.levels:
+                if time.monotonic() > deadline:
+                    report.notes.append(f"{name}: stopped before concurrency {level}: time spent")
+                    break
+                run = perf_analyzer.Run(
+                    model=name, url=server.grpc_url, protocol="grpc", levels=(level,),
+                    input_data=data, measurement_ms=plan.measurement_ms,
+                    stability_percent=plan.stability_percent, extra=list(plan.perf_extra),
+                )  # fmt: skip
+                before = stats.snapshot(grpc, (name,), as_json=True)
+                try:
+                    point = perf_analyzer.measure(run, level, timeout=120)
+                except perf_analyzer.PerfAnalyzerError as exc:
+                    report.notes.append(f"{name} c={level}: {str(exc).splitlines()[-1]}")
+                    continue
+                moved = stats.delta(before, stats.snapshot(grpc, (name,), as_json=True))[name]
+                rows.append(
+                    {
+                        "concurrency": level,
+                        "throughput": round(point.throughput, 1),
+                        "p99_ms": round(point.p99_ms, 2),
+                        "avg_batch": round(moved.avg_batch, 2),
+                    }
+                )
+
+
 def write(report: Report, out: Path) -> Report:
     """gpu-check.json and gpu-check.md in ``out``."""
     (out / "gpu-check.json").write_text(
@@ -722,8 +775,11 @@ def prepare_host(bundle_dir: Path, out: Path, smoke: bool) -> tuple[Path | None,
     return overlay(unpacked), report
 
 
-def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
-    """The measurement (in the server's environment); always writes what it has."""
+def run(bundle_dir: Path | None, out: Path, plan: Plan, models: tuple[str, ...] = ()) -> Report:
+    """The measurement (in the server's environment); always writes what it has.
+
+    ``models``: models `python -m export torch` made, each served and measured after classify.
+    """
     start = time.monotonic()
     deadline = start + plan.budget_s
     out.mkdir(parents=True, exist_ok=True)
@@ -755,6 +811,10 @@ def run(bundle_dir: Path | None, out: Path, plan: Plan) -> Report:
         t = time.monotonic()
         serve_and_measure(report, plan, photos, expected, out, deadline, bundle_dir)
         report.stages_s["served"] = round(time.monotonic() - t, 1)
+        for name in models:
+            t = time.monotonic()
+            measure_own_model(report, plan, name, out, deadline)
+            report.stages_s[name] = round(time.monotonic() - t, 1)
     except Exception as exc:
         report.notes.append(f"failed: {type(exc).__name__}: {exc}")
         log.exception("gpu-check failed")
@@ -772,6 +832,13 @@ def add_run_arguments(run_parser: argparse.ArgumentParser) -> None:
     run_parser.add_argument("--out", type=Path, required=True, help="folder for the results")
     run_parser.add_argument("--smoke", action="store_true", help="tiny plan: the script on a CPU")
     run_parser.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
+    run_parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also serve and measure this model `python -m export torch` made (repeatable)",
+    )
 
 
 def run_prepared(module: str, args: argparse.Namespace) -> int:
@@ -787,6 +854,7 @@ def run_prepared(module: str, args: argparse.Namespace) -> int:
     command = [str(python), "-m", module, "run", "--prepared"]
     command += ["--bundle", str(args.bundle.resolve()), "--out", str(args.out.resolve())]
     command += ["--smoke"] if args.smoke else []
+    command += [a for name in getattr(args, "model", []) for a in ("--model", name)]
     return subprocess.run(command, cwd=REPO, check=False).returncode
 
 
@@ -812,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.bundle is not None and not args.prepared:
         return run_prepared("tests.gpu_check", args)
-    report = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan())
+    report = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan(), tuple(args.model))
     print(report.markdown())
     failed = any(n.startswith("failed") for n in report.notes) or not report.served
     return 1 if failed else 0
