@@ -96,22 +96,27 @@ def encode_sorted(
     """Embeddings of tokenized texts, in their order, from one encoder run per sub-batch.
 
     Args:
-        encoder: (ids, mask) int64 [n, L] → float32 [n, HIDDEN_SIZE] (the encoder's graph).
+        encoder: (ids, mask) int64 [n, L] → float32 [n, width] (the encoder's graph).
         token_ids: each text's word-piece ids.
         max_tokens: padded positions per run (``sub_batches``).
         run_cost: the fixed cost of one run, in token positions (``sub_batches``).
 
     Returns:
-        (float32 [len(token_ids), HIDDEN_SIZE], the padded positions the runs processed).
+        (float32 [len(token_ids), width], the padded positions the runs processed).
     """
     lengths = [len(t) for t in token_ids]
-    out = np.empty((len(token_ids), embedding.HIDDEN_SIZE), dtype=np.float32)
+    out: np.ndarray | None = None  # its width is the encoder's (MiniLM's 384, or another's)
     padded = 0
     for run in sub_batches(lengths, max_tokens, run_cost):
         longest = lengths[run[-1]]
         ids, mask = pad([token_ids[i] for i in run], longest)
-        out[run] = encoder(ids, mask)
+        vectors = encoder(ids, mask)
+        if out is None:
+            out = np.empty((len(token_ids), vectors.shape[1]), dtype=np.float32)
+        out[run] = vectors
         padded += len(run) * longest
+    if out is None:
+        out = np.empty((0, embedding.HIDDEN_SIZE), dtype=np.float32)
     return out, padded
 
 

@@ -10,34 +10,39 @@ from pathlib import Path
 from pipelines import embedding, minilm_weights
 
 
-def tokenizer_json(path: str | None = None) -> bytes:
-    """The model's tokenizer.json: the package's, or the copy at ``path`` (same sha256).
+def tokenizer_json(path: str | None = None, sha256: str | None = None) -> bytes:
+    """A tokenizer.json: the MiniLM package's, or the file at ``path`` with its sha256 checked.
 
-    A copy stands in for the package where that does not travel (a GPU host: tests/gpu_text.py).
+    ``sha256`` is the file's pinned digest: another model's tokenizer (a text service that
+    ``python -m export sentence`` made) names its own; without it a file must be a copy of the
+    package's, which stands in for the package where that does not travel (a GPU host:
+    tests/gpu_text.py).
 
     Raises:
-        ValueError: the copy is not the pinned file.
+        ValueError: the file is not the pinned one.
     """
     if path is None:
         return minilm_weights.read_member("tokenizer.json")
     data = Path(path).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    if digest != minilm_weights.TOKENIZER_SHA256:
-        raise ValueError(f"{path}: sha256 {digest} != pinned {minilm_weights.TOKENIZER_SHA256}")
+    pinned = sha256 or minilm_weights.TOKENIZER_SHA256
+    if digest != pinned:
+        raise ValueError(f"{path}: sha256 {digest} != pinned {pinned}")
     return data
 
 
-@lru_cache(maxsize=2)
-def tokenizer(path: str | None = None):
-    """The model's own tokenizer.json (``tokenizer_json``), truncating like sentence-transformers.
+@lru_cache(maxsize=4)
+def tokenizer(path: str | None = None, sha256: str | None = None):
+    """A model's tokenizer.json (``tokenizer_json``), truncating like sentence-transformers.
 
-    The file ships with fixed padding to 128 and truncation at 128; sentence-transformers
+    MiniLM's file ships with fixed padding to 128 and truncation at 128; sentence-transformers
     truncates at 256 (at 128, long texts drift from the reference: docs/models.md). Padding is
-    ours to choose (``pipelines.padding``), so the tokenizer does none.
+    ours to choose (``pipelines.padding``), so the tokenizer does none; every text model here
+    cuts at ``embedding.MAX_TOKENS``.
     """
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_buffer(tokenizer_json(path))
+    tok = Tokenizer.from_buffer(tokenizer_json(path, sha256))
     tok.enable_truncation(max_length=embedding.MAX_TOKENS)
     tok.no_padding()
     return tok

@@ -94,7 +94,7 @@ class TokenizeModel:
     def initialize(self, args):
         """Load the tokenizer before the first request; create this instance's metrics."""
         self.name = args["model_name"]
-        self.tokenizer = tokenization.tokenizer(bk.parameters(args).get("tokenizer"))
+        self.tokenizer = tokenization.tokenizer(*tokenizer_file(args, bk.parameters(args)))
         self.metrics = metrics.TokenizeMetrics(args)
 
     def finalize(self):
@@ -149,7 +149,9 @@ class TokenizeEncodeModel(TokenizeModel):
         """Open the encoder of this version (its graph, or Triton's model), then the tokenizer."""
         params = bk.parameters(args)
         version = args["model_version"]
-        graph = Path(args["model_repository"]).parent / embedding.ENCODER / version / "model.onnx"
+        # Another text service's encoder (python -m export sentence) is named by a parameter.
+        encoder = params.get("encoder", embedding.ENCODER)
+        graph = Path(args["model_repository"]).parent / encoder / version / "model.onnx"
         max_rows = int(params.get("encoder_max_batch", str(embedding.MAX_TEXTS)))
         runtime = params.get("encoder_backend", "onnxruntime")
         self.engine = engines.open_engine(
@@ -157,7 +159,7 @@ class TokenizeEncodeModel(TokenizeModel):
             [embedding.EMBEDDING],
             params,
             runtime=runtime,
-            served=engines.Served(embedding.ENCODER, int(version), max_rows),
+            served=engines.Served(encoder, int(version), max_rows),
             device=torch_io.instance_device(args) if runtime == "torch" else "cpu",
             max_rows=json.loads(args["model_config"])["max_batch_size"],
         )
@@ -302,6 +304,18 @@ class TextRowsModel:
         )
 
 
+def tokenizer_file(args: dict, params: dict[str, str]) -> tuple[str | None, str | None]:
+    """The ``tokenizer`` parameter's file (relative to the model's folder) and its sha256.
+
+    No parameter: the MiniLM package's tokenizer. ``tokenizer_sha256`` pins another model's
+    file; without it the file must be a copy of the package's.
+    """
+    path = params.get("tokenizer")
+    if path is not None:
+        path = str(Path(args["model_repository"]) / path)  # an absolute path stays as it is
+    return path, params.get("tokenizer_sha256")
+
+
 def _sha256(path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -326,11 +340,11 @@ def text_cache_for(
     if size <= 0:
         return None
     keyspace = text_cache.Keyspace(
-        model=embedding.ENCODER,
+        model=params.get("encoder", embedding.ENCODER),
         version=args["model_version"],
         encoder_sha256=_sha256(engine.source),
         tokenizer_sha256=hashlib.sha256(
-            tokenization.tokenizer_json(params.get("tokenizer"))
+            tokenization.tokenizer_json(*tokenizer_file(args, params))
         ).hexdigest(),
         max_tokens=embedding.MAX_TOKENS,
         runtime=engine.numerics,
@@ -340,6 +354,6 @@ def text_cache_for(
     if url:
         settings = text_cache.SharedSettings.from_parameters(params)
         shared = text_cache.SharedLayer(url, **dataclasses.asdict(settings))
-    return text_cache.TextCache(
-        keyspace, embedding.HIDDEN_SIZE, text_cache.LocalLayer(size), shared
-    )
+    outputs = json.loads(args["model_config"])["output"]
+    (width,) = next(o["dims"] for o in outputs if o["name"] == embedding.EMBEDDING)
+    return text_cache.TextCache(keyspace, int(width), text_cache.LocalLayer(size), shared)

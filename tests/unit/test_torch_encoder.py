@@ -117,7 +117,7 @@ def test_the_torch_runtime_takes_its_cpu_threads_from_the_config(tmp_path, monke
 
 
 def test_the_cache_keys_each_weights_file_and_precision_apart(engine, encoder_onnx):
-    args = {"model_version": "1"}
+    args = {"model_version": "1", "model_config": model_config_json()}
     params = {"text_cache_bytes": str(1 << 20)}
     onnx = engines.open_engine(encoder_onnx[0], [embedding.EMBEDDING], {})
     digests = {
