@@ -8,6 +8,7 @@ Examples:
     python -m export samples samples/   # the sample photos the parity checks use, as JPEG files
     python -m export torch --model mypkg.nets:build --input PIXELS:fp32:3,224,224 --name mynet
         # any PyTorch model: ONNX checked against PyTorch, config, variants (docs/your-model.md)
+    python -m export sentence --path my-st-model/ --name mytext   # a text service beside embed
     python -m export regenerate   # the graphs of generated models that are missing (make models)
 
 TensorRT engines are built from these graphs by ``python -m export.tensorrt``.
@@ -25,6 +26,7 @@ from export import (
     minilm,
     onnx_export,
     samples,
+    sentence,
     tensor_specs,
     text_graph,
     torch_model,
@@ -82,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "signature.json. Refuses, before writing anything, what Triton would refuse.",
     )
     torch_model.add_arguments(own)
+    text = sub.add_parser(
+        "sentence",
+        help="a sentence-transformers folder → a text service beside embed (four models)",
+    )
+    sentence.add_arguments(text)
     again = sub.add_parser(
         "regenerate", help="export again the generated models whose graphs are missing"
     )
@@ -105,14 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args.model in ("torch", "regenerate"):
+    if args.model in ("torch", "sentence", "regenerate"):
         try:
-            if args.model == "torch":
+            if args.model == "sentence":
+                command = torch_model.kept_command(argv)
+                sentence.main(
+                    args.path, args.name, args.repository, args.max_batch, command, args.replace
+                )
+            elif args.model == "torch":
                 torch_model.main(
                     torch_model.request_from(args, argv), args.repository, args.replace
                 )
             else:
                 torch_model.regenerate(args.repository)
+                sentence.regenerate(args.repository)
         except tensor_specs.SpecError as exc:
             print(f"refused: {exc}", file=sys.stderr)
             return 2

@@ -211,7 +211,8 @@ def signature_json(exported_signature: Signature, ranges, int8: bool, command) -
     """signature.json: the tensors, the dynamic axes' ranges, INT8 or not, the command."""
 
     def tensor(t: Tensor) -> dict:
-        return {"name": t.name, "datatype": t.datatype, "dims": list(t.dims)}
+        optional = {"optional": True} if t.optional else {}
+        return {"name": t.name, "datatype": t.datatype, "dims": list(t.dims), **optional}
 
     return (
         json.dumps(

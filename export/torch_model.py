@@ -599,6 +599,8 @@ def regenerate(repository: Path) -> list[Path]:
     for signature_path in sorted(repository.glob(f"*/{model_files.SIGNATURE}")):
         folder = signature_path.parent
         signature, _, data = model_files.read_signature(folder)
+        if data.get("command", [])[:1] != ["torch"]:
+            continue  # a step of a text service, or another exporter's (python -m export sentence)
         versions = ["1", "2"] if data.get("int8") else ["1"]
         if all((folder / v / "model.onnx").is_file() for v in versions):
             continue

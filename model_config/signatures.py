@@ -71,7 +71,10 @@ def signature_of(model_dir: Path) -> Signature | None:
     data = json.loads(path.read_text())
 
     def tensors(items) -> tuple[Tensor, ...]:
-        return tuple(Tensor(i["name"], i["datatype"], tuple(i["dims"])) for i in items)
+        return tuple(
+            Tensor(i["name"], i["datatype"], tuple(i["dims"]), i.get("optional", False))
+            for i in items
+        )
 
     return Signature(tensors(data["inputs"]), tensors(data["outputs"]))
 

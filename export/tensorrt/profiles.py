@@ -117,6 +117,8 @@ def generated_recipes(repository: Path) -> list[Recipe]:
     found = []
     for path in sorted(repository.glob(f"*/{signatures.GENERATED}")):
         data = json.loads(path.read_text())
+        if not data.get("command"):
+            continue  # a Python step of a text service: no graph of its own
         axes = {
             name: {int(axis): tuple(r) for axis, r in ranges.items()}
             for name, ranges in data.get("ranges", {}).items()

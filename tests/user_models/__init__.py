@@ -62,3 +62,50 @@ class ReturnsText(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as complex numbers."""
         return torch.complex(x, x)
+
+
+def sentence_model(folder) -> None:
+    """A BERT encoder with random weights, saved as sentence-transformers lays a model out.
+
+    transformers' BertModel from a small config; MiniLM's tokenizer.json (its vocabulary fits
+    the config's); mean pooling and normalization as modules.json and 1_Pooling say.
+    """
+    import json
+    from pathlib import Path
+
+    from transformers import BertConfig, BertModel
+
+    from pipelines import minilm_weights
+
+    folder = Path(folder)
+    torch.manual_seed(2)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(folder)
+    (folder / "tokenizer.json").write_bytes(minilm_weights.read_member("tokenizer.json"))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 48, "pooling_mode_mean_tokens": True})
+    )
