@@ -2,7 +2,7 @@
 
 ``python -m export sentence --path DIR --name NAME`` takes a BERT-family encoder in the layout
 sentence-transformers saves (config.json and the weights, tokenizer.json, modules.json,
-1_Pooling/config.json), loads it with transformers, and writes four models:
+1_Pooling/config.json), loads it with transformers, and writes five models:
 
 * ``NAME_encoder``: the encoder with pooling (mean or CLS, as 1_Pooling says) and, where
   modules.json has it, L2 normalization inside its ONNX graph, checked against the same model in
@@ -10,7 +10,9 @@ sentence-transformers saves (config.json and the weights, tokenizer.json, module
 * ``NAME_tokenize``: texts → ids and masks with that tokenizer (the GPU ensemble's first step);
 * ``NAME_tokenize_encode``: the one-step CPU path (tokenize, sort, run the graph) with the
   per-text cache, as ``tokenize_encode`` is for ``embed``;
-* ``NAME``: the ensemble clients call: tokenize → encoder, and on the CPU configs the one step.
+* ``NAME``: the ensemble clients call: tokenize → encoder, and on the CPU configs the one step;
+  ``NAME_with_tokens`` the same with each text's word pieces, which the gateway's OpenAI
+  embeddings API serves as the model ``NAME`` (signature.json says so).
 
 The steps are the repository's own (pipelines/backend/text_model.py), given the encoder and the
 tokenizer by parameters; texts over ``embedding.MAX_TOKENS`` word pieces are refused unless
@@ -182,6 +184,7 @@ def write_service(
         tokenize: Signature(text, (*ids, tokens)),
         one_step: Signature(text, (vector, tokens)),
         name: Signature(text, (vector,)),
+        f"{name}_with_tokens": Signature(text, (vector, tokens)),
     }
     _python_step(
         staging / tokenize,
@@ -226,18 +229,36 @@ parameters {{ key: "inter_op_thread_count", value: {{ string_value: "1" }} }}
 parameters {{ key: "text_cache_bytes", value: {{ string_value: "67108864" }} }}
 """,
     )
-    service = staging / name
-    (service / "configs").mkdir(parents=True)
-    (service / "1").mkdir()  # an ensemble's version folder is empty
-    (service / model_config.BASE).write_text(
-        f"""# Text in → {name}'s sentence vector out: {tokenize} → {encoder}, which pools (and
-# normalizes) inside its graph; made by `python -m export sentence`. Repeated texts are
+    for ensemble, counted in ((name, False), (f"{name}_with_tokens", True)):
+        _ensemble(staging / ensemble, name, width, counted, local_names)
+    for folder, signature in made.items():
+        _signature(staging / folder, signature)
+    # The gateway serves OpenAI's embeddings API for it under its name (gateway.nginx.config).
+    listed = json.loads((staging / name / model_files.SIGNATURE).read_text())
+    listed["openai"] = {"ensemble": f"{name}_with_tokens", "dimensions": width}
+    (staging / name / model_files.SIGNATURE).write_text(json.dumps(listed, indent=2) + "\n")
+    return made
+
+
+def _ensemble(folder: Path, name: str, width: int, counted: bool, local_names) -> None:
+    """NAME (vectors) or NAME_with_tokens (and each text's word pieces, for OpenAI's usage)."""
+    tokenize, encoder, one_step = f"{name}_tokenize", f"{name}_encoder", f"{name}_tokenize_encode"
+    tokens_out = '  { name: "TOKENS", data_type: TYPE_INT32, dims: [ 1 ] }\n' if counted else ""
+    tokens_map = '      output_map { key: "TOKENS", value: "TOKENS" }\n' if counted else ""
+    what = "and each text's word pieces (OpenAI's usage)" if counted else "out"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "1").mkdir()  # an ensemble's version folder is empty
+    (folder / model_config.BASE).write_text(
+        f"""# Text in → {name}'s sentence vector {what}: {tokenize} → {encoder}, which pools
+# (and normalizes) inside its graph; made by `python -m export sentence`. Repeated texts are
 # answered from Triton's response cache. configs/local.overlay.pbtxt: the CPU's one step.
-name: "{name}"
+name: "{folder.name}"
 platform: "ensemble"
 max_batch_size: {embedding.MAX_TEXTS}
 {TEXT_IN}
-output [ {{ name: "EMBEDDING", data_type: TYPE_FP32, dims: [ {width} ] }} ]
+output [
+  {{ name: "EMBEDDING", data_type: TYPE_FP32, dims: [ {width} ] }}{"," if counted else ""}
+{tokens_out}]
 response_cache {{ enable: true }}
 ensemble_scheduling {{
   step [
@@ -248,7 +269,7 @@ ensemble_scheduling {{
       input_map {{ key: "TRUNCATE", value: "TRUNCATE" }}
       output_map {{ key: "INPUT_IDS", value: "input_ids" }}
       output_map {{ key: "ATTENTION_MASK", value: "attention_mask" }}
-    }},
+{tokens_map}    }},
     {{
       model_name: "{encoder}"
       model_version: 1
@@ -260,7 +281,7 @@ ensemble_scheduling {{
 }}
 """
     )
-    (service / "configs" / f"local{model_config.OVERLAY}").write_text(
+    (folder / "configs" / f"local{model_config.OVERLAY}").write_text(
         f"""# The CPU: one Python step that tokenizes and runs the encoder graph on the whole batch
 # ({one_step}), not two steps whose hand-over costs more than the batch it forms
 # (docs/models.md, "One step on the CPU"). gpu-local and the local-* variants link here.
@@ -272,18 +293,15 @@ ensemble_scheduling {{
       input_map {{ key: "TEXT", value: "TEXT" }}
       input_map {{ key: "TRUNCATE", value: "TRUNCATE" }}
       output_map {{ key: "EMBEDDING", value: "EMBEDDING" }}
-    }}
+{tokens_map}    }}
   ]
 }}
 """
     )
     for variant in sorted({"gpu-local", *local_names}):
         os.symlink(
-            f"local{model_config.OVERLAY}", service / "configs" / f"{variant}{model_config.OVERLAY}"
+            f"local{model_config.OVERLAY}", folder / "configs" / f"{variant}{model_config.OVERLAY}"
         )
-    for folder, signature in made.items():
-        _signature(staging / folder, signature)
-    return made
 
 
 def main(
@@ -296,7 +314,13 @@ def main(
 ) -> list[Path]:
     """Export, check and publish the four models; their folders."""
     check_name(name, "--name")
-    names = [name, f"{name}_encoder", f"{name}_tokenize", f"{name}_tokenize_encode"]
+    names = [
+        name,
+        f"{name}_with_tokens",
+        f"{name}_encoder",
+        f"{name}_tokenize",
+        f"{name}_tokenize_encode",
+    ]
     taken = [n for n in names if (repository / n).exists()]
     if taken and not replace:
         raise SpecError(f"{repository}: {taken} exist: choose another --name, or --replace them")

@@ -28,7 +28,6 @@ from gateway.nginx import rollout
 from gateway.nginx.config import TLS, OpenAI, find_js_module, find_nginx
 from gateway.nginx.process import Nginx
 from gateway.shaping import load_limits
-from pipelines import embedding
 from server import serve
 
 DEFAULT_HTTP_PORT = 8080
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             grpc_port=args.gateway_grpc_port,
             host=args.host,
             limits=limits,
-            openai=OpenAI(),
+            openai=OpenAI.of_repository(server.config.model_repository),
             tls=tls,
             canary=canary,
         )
@@ -109,7 +108,7 @@ def banner(nginx: Nginx, limits: Path | None) -> str:
     scheme, grpc = ("http", "gRPC") if nginx.gateway.tls is None else ("https", "gRPC over TLS")
     lines = (
         f"  OpenAI   {scheme}://{nginx.http_url}/v1 "
-        f"(embeddings: {', '.join(embedding.OPENAI_MODELS)})\n"
+        f"(embeddings: {', '.join(m for m, _ in nginx.gateway.openai.models)})\n"
         f"  gateway  {scheme}://{nginx.http_url}/v2, {grpc} {nginx.grpc_url} ({shaping})\n"
     )
     if nginx.gateway.rollout is not None:

@@ -13,7 +13,8 @@
 //   $openai_models      the model ids, space-separated
 //   $openai_max_inputs  the most texts one call may carry (413 above)
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
-//   $openai_dimensions  d, the floats of one embedding (pipelines/embedding.py's HIDDEN_SIZE)
+//   $openai_dimensions  "id:d ..." the floats of one embedding of each model (HIDDEN_SIZE of
+//                       pipelines/embedding.py, or an exported service's own width)
 //   $openai_shaping     1 with limits.toml: the call takes its tokens first
 //   $openai_shadow      a rollout's comparator location: admitted calls are copied there
 // and the internal locations /_openai/<model id>/shape, where the token buckets of
@@ -44,6 +45,17 @@ function fail(r, e) {
         : e.status >= 500 ? 'server_error' : 'invalid_request_error';
     reply(r, e.status, {error: {message: e.message, type: type, param: e.param, code: e.code}},
         e.headers);
+}
+
+function widthOf(r, model) {
+    const pairs = r.variables.openai_dimensions.split(' ');
+    for (var i = 0; i < pairs.length; i++) {
+        const cut = pairs[i].lastIndexOf(':');
+        if (pairs[i].slice(0, cut) === model) {
+            return parseInt(pairs[i].slice(cut + 1));
+        }
+    }
+    throw new ApiError(500, 'no width configured for ' + model);
 }
 
 function modelList(r) {
@@ -136,7 +148,7 @@ function parse(r) {
         throw new ApiError(400, "'encoding_format' must be 'float' or 'base64'",
             'encoding_format');
     }
-    const dimensions = parseInt(r.variables.openai_dimensions);
+    const dimensions = widthOf(r, request.model);
     if (request.dimensions !== undefined && request.dimensions !== null
         && request.dimensions !== dimensions) {
         throw new ApiError(400, "'dimensions' is not supported: " + request.model

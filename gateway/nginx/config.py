@@ -347,11 +347,33 @@ class OpenAI:
     chunk: int = embedding.MAX_TEXTS
     dimensions: int = embedding.HIDDEN_SIZE
     max_body: str = "4m"
+    # OpenAI model id → its width, for models whose width is not ``dimensions``.
+    widths: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of_repository(cls, repository: Path) -> OpenAI:
+        """The repository's own models, and each text service ``python -m export sentence`` made.
+
+        A service's signature.json names its ensemble (the one with TOKENS) and its width.
+        """
+        models, widths = list(embedding.OPENAI_MODELS.items()), []
+        for path in sorted(repository.glob("*/signature.json")):
+            served = json.loads(path.read_text()).get("openai")
+            if served:
+                models.append((path.parent.name, served["ensemble"]))
+                widths.append((path.parent.name, int(served["dimensions"])))
+        return cls(models=tuple(models), widths=tuple(widths))
 
     @property
     def ids(self) -> str:
         """The OpenAI model ids, as the script reads them (space-separated)."""
         return " ".join(model for model, _ in self.models)
+
+    @property
+    def dimensions_of(self) -> str:
+        """Each id's width, ``id:d`` space-separated, as the script reads them."""
+        widths = dict(self.widths)
+        return " ".join(f"{m}:{widths.get(m, self.dimensions)}" for m, _ in self.models)
 
     @property
     def too_large(self) -> str:

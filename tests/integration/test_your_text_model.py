@@ -127,3 +127,25 @@ def test_a_long_text_is_refused_unless_cut(served, saved):
             client.embed([text_samples.LONG_TEXT, "a short one"])
         cut = client.embed([text_samples.LONG_TEXT], truncate=True)
     assert cosines(cut, reference(saved, [text_samples.LONG_TEXT])).min() >= MIN_COSINE
+
+
+def test_openais_sdk_gets_its_vectors_through_the_gateway(served, saved, repository, tmp_path):
+    """The gateway lists the service under its name and answers OpenAI's embeddings API."""
+    import openai
+
+    from gateway.nginx.config import OpenAI
+    from gateway.nginx.process import Nginx
+
+    texts = TEXTS[:6]
+    api = OpenAI.of_repository(repository)
+    with Nginx([served.http_url], [served.grpc_url], openai=api, log_path=tmp_path / "n.log") as n:
+        sdk = openai.OpenAI(base_url=f"http://{n.http_url}/v1", api_key="none", max_retries=0)
+        assert NAME in [m.id for m in sdk.models.list().data]
+        answer = sdk.embeddings.create(model=NAME, input=texts)
+        with pytest.raises(openai.BadRequestError, match="48 dimensions"):
+            sdk.embeddings.create(model=NAME, input=texts[:1], dimensions=384)
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    assert cosines(got, reference(saved, texts)).min() >= MIN_COSINE
+    tok = Tokenizer.from_file(str(saved / "tokenizer.json"))
+    tok.no_padding()  # the file pads to 128: a count of word pieces has none
+    assert answer.usage.prompt_tokens == sum(len(e.ids) for e in tok.encode_batch(texts))

@@ -37,8 +37,10 @@ def test_the_openai_config_passes_nginx_t(nginx_binary, shaped):
     config.check_config(text, nginx_binary)
     assert "location = /v1/embeddings" in text and "js_content openai.embeddings;" in text
     assert f'set $openai_models "{" ".join(embedding.OPENAI_MODELS)}";' in text
-    # The embedding's size comes from pipelines/embedding.py: the script does not retype it.
-    assert f"set $openai_dimensions {embedding.HIDDEN_SIZE};" in text
+    # The embedding's size comes from pipelines/embedding.py (and each exported service's from
+    # its signature.json): the script does not retype it.
+    widths = " ".join(f"{m}:{embedding.HIDDEN_SIZE}" for m in embedding.OPENAI_MODELS)
+    assert f'set $openai_dimensions "{widths}";' in text
     assert not re.search(
         rf"\b{embedding.HIDDEN_SIZE}\b", (config.SCRIPTS_DIR / "openai.js").read_text()
     )
