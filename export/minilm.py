@@ -176,28 +176,6 @@ def quantize(fp32: Path, output: Path) -> None:
         root.setLevel(level)
 
 
-class _CalibrationTexts:
-    """onnxruntime's CalibrationDataReader protocol over tokenized texts, one text per batch.
-
-    Texts of different lengths cannot share a batch without padding skewing the ranges.
-    """
-
-    def __init__(self, texts: list[str]):
-        self._feeds = iter(
-            dict(
-                zip(
-                    (embedding.INPUT_IDS, embedding.ATTENTION_MASK),
-                    padding.tokenize([t]),
-                    strict=True,
-                )
-            )
-            for t in texts
-        )
-
-    def get_next(self):
-        return next(self._feeds, None)
-
-
 def quantize_qdq(fp32: Path, output: Path, texts: list[str]) -> int:
     """Static INT8 in Q/DQ form (symmetric, per-channel weights), calibrated on ``texts``.
 
@@ -210,33 +188,15 @@ def quantize_qdq(fp32: Path, output: Path, texts: list[str]) -> int:
         How many MatMul nodes were quantized.
     """
     import onnx
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     graph = onnx.load(str(fp32)).graph
     square = {i.name for i in graph.initializer if list(i.dims) == [embedding.HIDDEN_SIZE] * 2}
     nodes = [n.name for n in graph.node if n.op_type == "MatMul" and square & set(n.input)]
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # it suggests pre-processing on the root logger
-    try:
-        quantize_static(
-            str(fp32),
-            str(output),
-            _CalibrationTexts(texts),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            nodes_to_quantize=nodes,
-            extra_options={
-                # TensorRT takes symmetric INT8 only; MatMul weights are [in, out]: per output.
-                "ActivationSymmetric": True,
-                "WeightSymmetric": True,
-                "QDQOpTypePerChannelSupportToAxis": {"MatMul": 1},
-            },
-        )
-    finally:
-        root.setLevel(level)
+    # One text per batch: texts of different lengths cannot share one without padding skewing
+    # the ranges. MatMul weights are [in, out]: per output channel is axis 1.
+    names = (embedding.INPUT_IDS, embedding.ATTENTION_MASK)
+    batches = [dict(zip(names, padding.tokenize([t]), strict=True)) for t in texts]
+    onnx_export.quantize_qdq(fp32, output, batches, nodes=nodes, per_channel_axes={"MatMul": 1})
     return len(nodes)
 
 

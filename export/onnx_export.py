@@ -236,3 +236,53 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> Parity:
         items=len(ref),
         top5_identical=float((ranks[0] == ranks[1]).all(axis=1).mean()),
     )
+
+
+class _Batches:
+    """onnxruntime's calibration reader over a list of input batches (feeds by name)."""
+
+    def __init__(self, batches: Sequence[Mapping[str, np.ndarray]]):
+        self._feeds = iter(batches)
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+def quantize_qdq(
+    fp32: Path,
+    output: Path,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    *,
+    nodes: Sequence[str] | None = None,
+    op_types: Sequence[str] | None = None,
+    per_channel_axes: Mapping[str, int] | None = None,
+) -> None:
+    """Static INT8 in Q/DQ form, symmetric with per-channel weights, calibrated on ``batches``.
+
+    Symmetric INT8 is what TensorRT takes (explicit quantization); onnxruntime runs the same
+    graph on the CPU. ``nodes`` or ``op_types`` limit what is quantized; ``per_channel_axes``
+    gives an op type's weight axis where onnxruntime's default is not the output channel.
+    """
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    extra: dict = {"ActivationSymmetric": True, "WeightSymmetric": True}
+    if per_channel_axes:
+        extra["QDQOpTypePerChannelSupportToAxis"] = dict(per_channel_axes)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # it suggests pre-processing on the root logger
+    try:
+        quantize_static(
+            str(fp32),
+            str(output),
+            _Batches(batches),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_quantize=list(nodes) if nodes is not None else None,
+            op_types_to_quantize=list(op_types) if op_types is not None else None,
+            extra_options=extra,
+        )
+    finally:
+        root.setLevel(level)

@@ -352,16 +352,6 @@ def min_row_cosine(expected: np.ndarray, got: np.ndarray) -> float:
     return float(((e * g).sum(1) / np.where(norms == 0, 1, norms)).min())
 
 
-class _Calibration:
-    """onnxruntime's calibration reader over generated (and the user's) input batches."""
-
-    def __init__(self, batches: list[dict[str, np.ndarray]]):
-        self._feeds = iter(batches)
-
-    def get_next(self):
-        return next(self._feeds, None)
-
-
 def quantize_int8(
     fp32: Path, output: Path, model: torch.nn.Module, request: Request, cases, outputs
 ) -> dict:
@@ -370,30 +360,12 @@ def quantize_int8(
     Calibrated on generated batches and the user's examples; refused when a float output row's
     cosine to PyTorch's falls under MIN_COSINE_INT8.
     """
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-
     rng = np.random.default_rng(SEED + 3)
     batches = [_inputs(request.inputs, 4, 1, rng) for _ in range(CALIBRATION_BATCHES)]
     batches += [feeds for label, feeds in cases if label.startswith("example")]
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # it suggests pre-processing on the root logger
-    try:
-        quantize_static(
-            str(fp32),
-            str(output),
-            _Calibration(batches),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            # The ops with weights, where INT8 pays; quantizing every Add and Mul as well only
-            # adds rounding (and Q/DQ pairs TensorRT must fuse away).
-            op_types_to_quantize=["Conv", "MatMul", "Gemm"],
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-        )
-    finally:
-        root.setLevel(level)
+    # The ops with weights, where INT8 pays; quantizing every Add and Mul as well only adds
+    # rounding (and Q/DQ pairs TensorRT must fuse away).
+    onnx_export.quantize_qdq(fp32, output, batches, op_types=["Conv", "MatMul", "Gemm"])
     session = onnx_runner.create_session(output, intra_op_threads=2)
     lowest = 1.0
     for _, feeds in cases:
