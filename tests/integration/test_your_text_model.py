@@ -9,9 +9,6 @@ again rather than taken from the export).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -21,11 +18,9 @@ from client import connection
 from client.embed import EmbedClient
 from client.tensors import TensorClient
 from export import text_samples
-from paths import REPO_ROOT
 from pipelines import embedding
-from server import Server, ServerConfig
 from tests import user_models
-from tests.helpers import change, scrape
+from tests.helpers import change, export_into, scrape, serving
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +38,13 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="module")
 def repository(saved, tmp_path_factory):
     root = tmp_path_factory.mktemp("your-text") / "repository"
-    done = subprocess.run(
-        [sys.executable, "-m", "export", "sentence", "--path", str(saved), "--name", NAME,
-         "--repository", str(root)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    export_into(root, "sentence", "--path", str(saved), "--name", NAME)
     return root
 
 
 @pytest.fixture(scope="module")
 def served(repository, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("triton-your-text") / "tritonserver.log"
-    config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0)
-    with Server(config, log_path=log_path) as running:
+    with serving(repository, tmp_path_factory.mktemp("triton-your-text")) as running:
         yield running
 
 
