@@ -406,7 +406,7 @@ def export(request: Request, staging: Path) -> Exported:
         keys = list(request.outputs) or output_keys(user_model, example)
     except Exception as exc:
         raise SpecError(f"PyTorch fails on the example inputs: {exc}") from exc
-    model = Positional(user_model, keys if not request.outputs else request.outputs).eval()
+    model = Positional(user_model, keys).eval()
     count = len(_run_or_refuse(model, _inputs(request.inputs, 2, 1, rng), "at batch 2"))
     names = (
         list(request.outputs)
