@@ -161,6 +161,8 @@ def run(name: str, levels: list[int], measurement_ms: int = 3000) -> int:
                 rows.append((level, point, moved))
                 log.info("c=%d %.1f /s p99 %.1f ms, batch %.1f", level, point.throughput,
                          point.p99_ms, moved.avg_batch)  # fmt: skip
+            # An open keep-alive connection holds tritonserver's exit until its timeout.
+            client.close()
     batches = sorted({max(1, round(m.avg_batch)) for _, _, m in rows})
     raw = _raw_in_child(name, batches, server_cpus, threads)
     lines = [
