@@ -141,3 +141,16 @@ def test_a_users_example_of_the_wrong_type_is_refused(tmp_path):
     np.savez(path, tokens=np.zeros((2, 40), np.int64), scale=np.ones((2, 1), np.float32))
     with pytest.raises(SpecError, match="has shape"):
         torch_model.read_examples([path], TOKENS)
+
+
+def test_the_users_own_examples_are_checked_too(tmp_path):
+    path = tmp_path / "example.npz"
+    rng = np.random.default_rng(4)
+    np.savez(
+        path,
+        tokens=rng.integers(0, 50, (5, 7)).astype(np.int64),
+        scale=rng.standard_normal((5, 1)).astype(np.float32),
+    )
+    exported = torch_model.export(request("TokensAndScale", examples=(path,)), tmp_path / "staging")
+    generated = len(torch_model.check_cases(request("TokensAndScale"), []))
+    assert exported.report["cases"] == generated + 1
