@@ -235,11 +235,7 @@ def signature_json(exported_signature: Signature, ranges, int8: bool, command) -
 def read_signature(model_dir: Path) -> tuple[Signature, dict, dict]:
     """A generated model's signature, ranges ({input: {axis: (min, opt, max)}}) and the rest."""
     data = json.loads((model_dir / SIGNATURE).read_text())
-    ranges = {
-        name: {int(axis): tuple(r) for axis, r in axes.items()}
-        for name, axes in data.get("ranges", {}).items()
-    }
-    return signatures.signature_of(model_dir), ranges, data
+    return signatures.signature_of(model_dir), signatures.ranges_of(data), data
 
 
 def write(

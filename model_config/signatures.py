@@ -79,6 +79,14 @@ def signature_of(model_dir: Path) -> Signature | None:
     return Signature(tensors(data["inputs"]), tensors(data["outputs"]))
 
 
+def ranges_of(data: dict) -> dict[str, dict[int, tuple[int, int, int]]]:
+    """A signature.json's dynamic axes: input → {axis in the batched shape: (min, opt, max)}."""
+    return {
+        name: {int(axis): tuple(r) for axis, r in axes.items()}
+        for name, axes in data.get("ranges", {}).items()
+    }
+
+
 def check_repository(repository: Path) -> list[str]:
     """Every model's config.pbtxt and every variant, held to its signature; one line a problem.
 

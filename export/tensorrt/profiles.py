@@ -119,10 +119,7 @@ def generated_recipes(repository: Path) -> list[Recipe]:
         data = json.loads(path.read_text())
         if not data.get("command"):
             continue  # a Python step of a text service: no graph of its own
-        axes = {
-            name: {int(axis): tuple(r) for axis, r in ranges.items()}
-            for name, ranges in data.get("ranges", {}).items()
-        }
+        axes = signatures.ranges_of(data)
         model = path.parent.name
         found.append(Recipe(model, "1", "model.onnx", "fp16", axes))
         if data.get("int8"):
