@@ -257,12 +257,17 @@ def write(
     (configs / f"gpu-ort{model_config.OVERLAY}").write_text(
         gpu_ort_overlay(signature, ranges, max_batch)
     )
-    for variant in sorted({"gpu-local", *local_names}):
-        os.symlink(f"local{model_config.OVERLAY}", configs / f"{variant}{model_config.OVERLAY}")
+    link_to_local(configs, local_names)
     for version in versions:
         (folder / version).mkdir(exist_ok=True)
         (folder / version / "model.py").write_text(ADAPTER)
     (folder / SIGNATURE).write_text(signature_json(signature, ranges, len(versions) > 1, command))
+
+
+def link_to_local(configs: Path, local_names: Sequence[str]) -> None:
+    """``gpu-local`` and each of ``local_names``: links to the ``local`` overlay in ``configs``."""
+    for variant in sorted({"gpu-local", *local_names}):
+        os.symlink(f"local{model_config.OVERLAY}", configs / f"{variant}{model_config.OVERLAY}")
 
 
 def local_variants(repository: Path) -> list[str]:

@@ -22,6 +22,7 @@ their TRUNCATE is set, as for ``embed``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -38,7 +39,7 @@ from export.tensor_specs import SpecError, check_name
 from model_config import signatures
 from paths import MODEL_REPOSITORY
 from pipelines import embedding, onnx_runner, padding, tokenization
-from pipelines.tensors import Signature, Tensor
+from pipelines.tensors import Signature
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,15 @@ def check_parity(model: SentenceEncoder, graph: Path, tokenizer_path: Path, sha2
     return lowest
 
 
+def widened(signature: Signature, width: int) -> Signature:
+    """``signature`` with its EMBEDDING output ``width`` floats wide (MiniLM's are 384)."""
+    outputs = tuple(
+        dataclasses.replace(t, dims=(width,)) if t.name == embedding.EMBEDDING else t
+        for t in signature.outputs
+    )
+    return Signature(signature.inputs, outputs)
+
+
 def _signature(folder: Path, signature: Signature, ranges=None, command=()) -> None:
     (folder / model_files.SIGNATURE).write_text(
         model_files.signature_json(signature, ranges or {}, False, command)
@@ -173,18 +183,14 @@ def write_service(
         f'parameters {{ key: "tokenizer", value: {{ string_value: "{tokenizer_file}" }} }}\n'
         f'parameters {{ key: "tokenizer_sha256", value: {{ string_value: "{sha256}" }} }}'
     )
-    text = (Tensor(embedding.TEXT, "BYTES", (1,)), Tensor(embedding.TRUNCATE, "BOOL", (1,), True))
-    vector = Tensor(embedding.EMBEDDING, "FP32", (width,))
-    tokens = Tensor(embedding.TOKENS, "INT32", (1,))
-    ids = (
-        Tensor(embedding.INPUT_IDS, "INT64", (-1,)),
-        Tensor(embedding.ATTENTION_MASK, "INT64", (-1,)),
-    )
+    # embed's own steps' signatures, with this model's width.
     made = {
-        tokenize: Signature(text, (*ids, tokens)),
-        one_step: Signature(text, (vector, tokens)),
-        name: Signature(text, (vector,)),
-        f"{name}_with_tokens": Signature(text, (vector, tokens)),
+        tokenize: embedding.SIGNATURES[embedding.TOKENIZE],
+        one_step: widened(embedding.SIGNATURES[embedding.TOKENIZE_ENCODE], width),
+        name: widened(embedding.SIGNATURES[embedding.ENSEMBLE], width),
+        f"{name}_with_tokens": widened(
+            embedding.SIGNATURES[embedding.OPENAI_MODELS[embedding.ENSEMBLE]], width
+        ),
     }
     _python_step(
         staging / tokenize,
@@ -298,10 +304,7 @@ ensemble_scheduling {{
 }}
 """
     )
-    for variant in sorted({"gpu-local", *local_names}):
-        os.symlink(
-            f"local{model_config.OVERLAY}", folder / "configs" / f"{variant}{model_config.OVERLAY}"
-        )
+    model_files.link_to_local(folder / "configs", local_names)
 
 
 def main(
@@ -312,7 +315,7 @@ def main(
     command: Sequence[str] = (),
     replace: bool = False,
 ) -> list[Path]:
-    """Export, check and publish the four models; their folders."""
+    """Export, check and publish the five models; their folders."""
     check_name(name, "--name")
     names = [
         name,
@@ -332,12 +335,8 @@ def main(
         graph = encoder_dir / "1" / "model.onnx"
         export_graph(model, graph, path / TOKENIZER, sha256)
         shutil.copyfile(path / TOKENIZER, encoder_dir / TOKENIZER)
-        ids = (
-            Tensor(embedding.INPUT_IDS, "INT64", (-1,)),
-            Tensor(embedding.ATTENTION_MASK, "INT64", (-1,)),
-        )
-        encoder_signature = Signature(ids, (Tensor(embedding.EMBEDDING, "FP32", (width,)),))
-        ranges = {t.name: {1: SEQUENCE_RANGE} for t in ids}
+        encoder_signature = widened(embedding.SIGNATURES[embedding.ENCODER], width)
+        ranges = {t.name: {1: SEQUENCE_RANGE} for t in encoder_signature.inputs}
         local_names = model_files.local_variants(repository)
         model_files.write(
             encoder_dir,
