@@ -73,7 +73,6 @@ class Request:
 class Exported:
     """A model that passed every check: its signature and graphs, in a staging folder."""
 
-    request: Request
     signature: Signature
     ranges: dict[str, dict[int, tuple[int, int, int]]]
     graphs: dict[str, Path]  # version → model.onnx
@@ -139,10 +138,8 @@ def flatten(out, keys: Sequence[str] = ()) -> tuple[torch.Tensor, ...]:
     )
 
 
-def output_keys(module: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> list[str]:
-    """A mapping's keys where the module returns one (output names by default), else []."""
-    with torch.inference_mode():
-        out = module(*example)
+def output_keys(out) -> list[str]:
+    """A mapping's tensor keys where a module returned one (output names by default), else []."""
     if isinstance(out, Mapping):
         return [k for k, v in out.items() if isinstance(v, torch.Tensor)]
     return []
@@ -403,16 +400,14 @@ def export(request: Request, staging: Path) -> Exported:
     rng = np.random.default_rng(SEED)
     example = tuple(torch.from_numpy(a) for a in _inputs(request.inputs, 2, 1, rng).values())
     try:
-        keys = list(request.outputs) or output_keys(user_model, example)
+        with torch.inference_mode():
+            first = user_model(*example)
     except Exception as exc:
         raise SpecError(f"PyTorch fails on the example inputs: {exc}") from exc
+    keys = list(request.outputs) or output_keys(first)
     model = Positional(user_model, keys).eval()
-    count = len(_run_or_refuse(model, _inputs(request.inputs, 2, 1, rng), "at batch 2"))
-    names = (
-        list(request.outputs)
-        or keys
-        or (["OUTPUT"] if count == 1 else [f"OUTPUT_{i}" for i in range(count)])
-    )
+    count = len(flatten(first, keys))
+    names = keys or (["OUTPUT"] if count == 1 else [f"OUTPUT_{i}" for i in range(count)])
     for name in names:
         tensor_specs.check_name(name, "output")
     tensor_specs.check_unique([*names_in, *names])
@@ -434,7 +429,7 @@ def export(request: Request, staging: Path) -> Exported:
         graphs["2"] = quantized
     signature = Signature(tuple(s.tensor for s in request.inputs), tuple(outputs))
     ranges = {s.tensor.name: dict(s.ranges) for s in request.inputs if s.ranges}
-    return Exported(request, signature, ranges, graphs, report)
+    return Exported(signature, ranges, graphs, report)
 
 
 def publish(staging: Path, target: Path, replace: bool) -> None:
