@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from bench.harness import affinity, servers, stats
+from bench.harness import affinity, raw, servers, stats
 from bench.harness import perf_analyzer as pa
 from export import model_files, tensor_specs
 from paths import MODEL_REPOSITORY, REPO_ROOT
@@ -90,12 +90,9 @@ def raw_throughput(
     curve = {}
     for batch in batches:
         feeds = {s.tensor.name: s.generate(rng, s.shape(batch, 1)) for s in specs}
-        onnx_runner.run(session, feeds, outputs)  # warm-up
-        done, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < RAW_SECONDS or done == 0:
-            onnx_runner.run(session, feeds, outputs)
-            done += batch
-        curve[batch] = done / elapsed
+        curve[batch] = raw.throughput(
+            lambda f=feeds: onnx_runner.run(session, f, outputs), batch, RAW_SECONDS
+        )
     return curve
 
 
@@ -164,7 +161,7 @@ def run(name: str, levels: list[int], measurement_ms: int = 3000) -> int:
             # An open keep-alive connection holds tritonserver's exit until its timeout.
             client.close()
     batches = sorted({max(1, round(m.avg_batch)) for _, _, m in rows})
-    raw = _raw_in_child(name, batches, server_cpus, threads)
+    raw_rates = _raw_in_child(name, batches, server_cpus, threads)
     lines = [
         f"# {name}: served vs its raw graph ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
@@ -178,13 +175,14 @@ def run(name: str, levels: list[int], measurement_ms: int = 3000) -> int:
     ]
     for level, point, moved in rows:
         batch = max(1, round(moved.avg_batch))
+        rate = raw_rates[batch]
         lines.append(
             f"| {level} | {point.throughput:.1f} | {point.p50_ms:.1f} | {point.p99_ms:.1f} | "
-            f"{moved.avg_batch:.1f} | {raw[batch]:.1f} | {point.throughput / raw[batch]:.2f}x |"
+            f"{moved.avg_batch:.1f} | {rate:.1f} | {point.throughput / rate:.2f}x |"
         )
     report = "\n".join(lines) + "\n"
     (out / "report.md").write_text(report)
-    (out / "raw.json").write_text(json.dumps(raw))
+    (out / "raw.json").write_text(json.dumps(raw_rates))
     print(report)
     print(f"written to {out}")
     return 0
