@@ -75,7 +75,8 @@ class _Connection:
 
     ``model`` defaults to the subclass's ``default_model``. ``priority`` goes with every
     request: where the model (or an ensemble step) has priority levels, 1 is served first; 0
-    means the model's default level.
+    means the model's default level. ``version`` is the model version every request asks for
+    ("": the server's choice, the newest the model serves).
     """
 
     default_model = ""
@@ -87,9 +88,11 @@ class _Connection:
         protocol: str = "http",
         model: str | None = None,
         priority: int = 0,
+        version: str = "",
     ):
         self.protocol = protocol
         self.priority = priority
+        self.version = version
         self.url = url or default_url(protocol)
         self.model = model or self.default_model
         self.mod = module(protocol, asyncio=self.asyncio)
@@ -113,7 +116,13 @@ class ModelClient(_Connection):
         from tritonclient.utils import InferenceServerException
 
         try:
-            return self._client.infer(self.model, inputs, outputs=outputs, priority=self.priority)
+            return self._client.infer(
+                self.model,
+                inputs,
+                model_version=self.version,
+                outputs=outputs,
+                priority=self.priority,
+            )
         except InferenceServerException as exc:
             raise infer_error(self.model, exc) from None
 
@@ -148,7 +157,11 @@ class AsyncModelClient(_Connection):
 
         try:
             return await self._client.infer(
-                self.model, inputs, outputs=outputs, priority=self.priority
+                self.model,
+                inputs,
+                model_version=self.version,
+                outputs=outputs,
+                priority=self.priority,
             )
         except InferenceServerException as exc:
             raise infer_error(self.model, exc) from None

@@ -22,27 +22,8 @@ from client import connection
 class TensorClient(connection.ModelClient):
     """Synchronous client of one model whose inputs and outputs are plain tensors.
 
-    ``version``: the model version to ask for ("" for the server's choice: the newest).
+    ``version="1"`` asks for one version of the model (default: the newest it serves).
     """
-
-    def __init__(self, *args, version: str = "", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.version = version
-
-    def infer(self, inputs, outputs):
-        """One inference of ``version``; Triton's error becomes a ClientError."""
-        from tritonclient.utils import InferenceServerException
-
-        try:
-            return self._client.infer(
-                self.model,
-                inputs,
-                model_version=self.version,
-                outputs=outputs,
-                priority=self.priority,
-            )
-        except InferenceServerException as exc:
-            raise connection.infer_error(self.model, exc) from None
 
     def metadata(self) -> dict:
         """The model's metadata as a dict (inputs, outputs, versions), either protocol."""
