@@ -662,29 +662,44 @@ def _serve(report: Report, plan: Plan, config, photos, expected, out: Path, dead
                 (out / "metrics.txt").write_bytes(response.read())
 
 
-def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float, gpu) -> None:
-    """perf_analyzer at each of the plan's levels, with the steps' statistics and the GPU's."""
+def measured_levels(
+    report: Report, plan: Plan, url: str, grpc, model: str, steps, data, deadline, prefix=""
+):
+    """(level, point, statistics delta of ``steps``, start) for each of the plan's levels.
+
+    perf_analyzer on ``model`` at ``url``; a level that fails (one that does not stabilize says
+    something too) and the levels past the deadline are noted in the report, after ``prefix``,
+    and skipped.
+    """
     from bench.harness import perf_analyzer, stats
-    from pipelines import classification
 
     for level in plan.levels:
         if time.monotonic() > deadline:
-            report.notes.append(f"stopped before concurrency {level}: time budget spent")
+            report.notes.append(f"{prefix}stopped before concurrency {level}: time budget spent")
             break
         run = perf_analyzer.Run(
-            model=classification.ENSEMBLE, url=server.grpc_url, protocol="grpc",
-            levels=(level,), input_data=data, measurement_ms=plan.measurement_ms,
-            stability_percent=plan.stability_percent, extra=list(plan.perf_extra),
+            model=model, url=url, protocol="grpc", levels=(level,), input_data=data,
+            measurement_ms=plan.measurement_ms, stability_percent=plan.stability_percent,
+            extra=list(plan.perf_extra),
         )  # fmt: skip
-        before = stats.snapshot(grpc, STEPS, as_json=True)
+        before = stats.snapshot(grpc, steps, as_json=True)
         start = time.monotonic()
         try:
             point = perf_analyzer.measure(run, level, timeout=120)
         except perf_analyzer.PerfAnalyzerError as exc:
-            # One level that does not stabilize says something too: the others still run.
-            report.notes.append(f"concurrency {level}: {str(exc).splitlines()[-1]}")
+            report.notes.append(f"{prefix}concurrency {level}: {str(exc).splitlines()[-1]}")
             continue
-        delta = stats.delta(before, stats.snapshot(grpc, STEPS, as_json=True))
+        yield level, point, stats.delta(before, stats.snapshot(grpc, steps, as_json=True)), start
+
+
+def sweep(report: Report, plan: Plan, server, grpc, data: Path, deadline: float, gpu) -> None:
+    """perf_analyzer at each of the plan's levels, with the steps' statistics and the GPU's."""
+    from pipelines import classification
+
+    levels = measured_levels(
+        report, plan, server.grpc_url, grpc, classification.ENSEMBLE, STEPS, data, deadline
+    )
+    for level, point, delta, start in levels:
         report.served.append(
             {
                 "concurrency": level,
@@ -710,7 +725,6 @@ def measure_own_model(report: Report, plan: Plan, name: str, out: Path, deadline
     import tritonclient.grpc as grpcclient
 
     from bench import model as own
-    from bench.harness import perf_analyzer, stats
     from paths import MODEL_REPOSITORY
     from server import Server
 
@@ -722,28 +736,16 @@ def measure_own_model(report: Report, plan: Plan, name: str, out: Path, deadline
         config = server_config((name,), cache_bytes=0, model_repository=repository)
         with Server(config, log_path=out / f"tritonserver-{name}.log") as server:
             grpc = grpcclient.InferenceServerClient(server.grpc_url)
-            for level in plan.levels:
-                if time.monotonic() > deadline:
-                    report.notes.append(f"{name}: stopped before concurrency {level}: time spent")
-                    break
-                run = perf_analyzer.Run(
-                    model=name, url=server.grpc_url, protocol="grpc", levels=(level,),
-                    input_data=data, measurement_ms=plan.measurement_ms,
-                    stability_percent=plan.stability_percent, extra=list(plan.perf_extra),
-                )  # fmt: skip
-                before = stats.snapshot(grpc, (name,), as_json=True)
-                try:
-                    point = perf_analyzer.measure(run, level, timeout=120)
-                except perf_analyzer.PerfAnalyzerError as exc:
-                    report.notes.append(f"{name} c={level}: {str(exc).splitlines()[-1]}")
-                    continue
-                moved = stats.delta(before, stats.snapshot(grpc, (name,), as_json=True))[name]
+            levels = measured_levels(
+                report, plan, server.grpc_url, grpc, name, (name,), data, deadline, f"{name}: "
+            )
+            for level, point, delta, _ in levels:
                 rows.append(
                     {
                         "concurrency": level,
                         "throughput": round(point.throughput, 1),
                         "p99_ms": round(point.p99_ms, 2),
-                        "avg_batch": round(moved.avg_batch, 2),
+                        "avg_batch": round(delta[name].avg_batch, 2),
                     }
                 )
 
