@@ -35,7 +35,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from gateway import shaping
-from gateway.nginx.config import CANARY, SERVED, STABLE
+from gateway.nginx.rollout import CANARY, STABLE
+from gateway.served import SERVED
 from pipelines import embedding
 
 __all__ = ["ShapingLogExporter", "ShapingMetrics", "count_line"]

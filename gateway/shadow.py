@@ -1,6 +1,6 @@
 """A rollout's comparator: sampled live requests sent to both versions, their answers compared.
 
-During a rollout (``gateway.nginx.config.Rollout`` with ``shadow``) nginx copies a sample of
+During a rollout (``gateway.nginx.rollout.Rollout`` with ``shadow``) nginx copies a sample of
 the rollout's admitted inference requests here (``mirror``; gateway/openai.js for an OpenAI
 call, once its buckets admitted it): each arrives as a POST to its original URI with its
 original body, and ``X-Rollout-Models`` naming the models in the rollout. It answers at once,
@@ -49,7 +49,8 @@ import tritonclient.http as httpclient
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, triton_to_np_dtype
 
-from gateway.nginx.config import SERVED, SHADOW_IDLE_S
+from gateway.nginx.config import SHADOW_IDLE_S
+from gateway.served import SERVED
 from pipelines import embedding
 
 __all__ = [

@@ -7,7 +7,7 @@ render`` prints it (the deployments' way); ``process.Nginx`` runs nginx with it 
 prefix (the tests' and local use).
 
 Only what a tenant needs is passed on: health, the server's metadata, and the metadata,
-readiness and inference of the served models (``config.SERVED``). The operator APIs (model
+readiness and inference of the served models (``gateway.served.SERVED``). The operator APIs (model
 control, shared memory, logging, trace) and each model's config and statistics are refused
 (HTTP 403, gRPC ``PERMISSION_DENIED``; operators' addresses may read configs and statistics,
 which perf_analyzer needs), the other models, steps of the served ones, are unknown (404,

@@ -90,14 +90,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument(
         "--rollout-out",
         type=Path,
-        help=f"a rollout's shares file ({config.ROLLOUT_FILE}): written there, and read there by "
+        help=f"a rollout's shares file ({rollout.ROLLOUT_FILE}): written there, and read there by "
         "nginx, so give the path nginx will see",
     )
     m = sub.add_parser("rollout", help="move a rollout's shares on a running gateway")
     m.add_argument(
-        "--file", type=Path, required=True, help=f"the running gateway's {config.ROLLOUT_FILE}"
+        "--file", type=Path, required=True, help=f"the running gateway's {rollout.ROLLOUT_FILE}"
     )
-    m.add_argument("shares", nargs="+", type=config.parse_share, metavar="MODEL=PERCENT")
+    m.add_argument("shares", nargs="+", type=rollout.parse_share, metavar="MODEL=PERCENT")
     how = m.add_mutually_exclusive_group()
     how.add_argument("--sticky", action="store_true", default=None, help="per tenant from now")
     how.add_argument(
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = config.render(context)
     if context.rollout is not None:
         if args.rollout_out is None:
-            print(f"a rollout needs --rollout-out ({config.ROLLOUT_FILE})", file=sys.stderr)
+            print(f"a rollout needs --rollout-out ({rollout.ROLLOUT_FILE})", file=sys.stderr)
             return 2
         rollout.write(args.rollout_out, context.rollout.shares)
     if args.check:

@@ -26,15 +26,16 @@ from pathlib import Path
 
 import jinja2
 
+from gateway.nginx.rollout import CANARY, STABLE, Rollout
+from gateway.served import SERVED
 from gateway.shaping import ANONYMOUS, Limit, Limits
-from pipelines import classification, embedding
+from pipelines import embedding
 
 __all__ = [
     "ENCODING_REFUSED",
     "OVERLOADED",
     "SCRIPTS",
     "SCRIPTS_DIR",
-    "SERVED",
     "SHADOW_IDLE_S",
     "SHAPING_LOG",
     "TLS",
@@ -43,15 +44,12 @@ __all__ = [
     "Gateway",
     "Listen",
     "OpenAI",
-    "Rollout",
     "Runtime",
     "Shaping",
-    "Shares",
     "Upstreams",
     "check_config",
     "find_js_module",
     "find_nginx",
-    "parse_share",
     "render",
 ]
 
@@ -63,8 +61,6 @@ SCRIPTS_DIR = Path(__file__).parents[1]
 SCRIPTS = ("grpc.js", "openai.js", "rollout.js")
 # One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
 SHAPING_LOG = "logs/shaping.log"
-# The models clients may call through the gateway; the others are their steps.
-SERVED = (*classification.SERVED, *embedding.SERVED)
 # Inference over HTTP (the model is in the path); gRPC's is in the body (gateway/grpc.js).
 HTTP_INFER = r"^/v2/models/(?<model_name>" + "|".join(SERVED) + r")(/versions/[0-9]+)?/infer$"
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -432,104 +428,6 @@ class TLS:
         for cipher in ("AES128-GCM-SHA256", "AES256-GCM-SHA384", "CHACHA20-POLY1305")
         for auth in ("ECDSA", "RSA")
     )
-
-
-# The versions a request can go to in a rollout (its log line's "version").
-STABLE = "stable"
-CANARY = "canary"
-# A rollout's shares (JSON), which gateway/rollout.js reads for each request and a move
-# rewrites.
-ROLLOUT_FILE = "rollout.json"
-
-
-def parse_share(text: str) -> tuple[str, float]:
-    """``MODEL=PERCENT`` (a command line's share) as (model, percent).
-
-    Raises:
-        ValueError: not of that form.
-    """
-    model, _, percent = text.partition("=")
-    try:
-        return model, float(percent.rstrip("%"))
-    except ValueError:
-        raise ValueError(f"{text!r}: give MODEL=PERCENT, e.g. embed=5") from None
-
-
-@dataclass(frozen=True)
-class Shares:
-    """Each model's share of requests sent to a rollout's canary servers (``rollout.json``).
-
-    Each request of a model with a share goes to the canary with that probability (the first
-    bits of its random request id), or, ``sticky``, every request of one tenant (with
-    shaping; else of one ``X-User-Id``) goes the same way (a hash of tenant and model). A share
-    of 0 keeps the model in the rollout (compared, logged per version) with no traffic on the
-    canary.
-
-    Attributes:
-        models: (model, percent of its requests sent to the canary), per served model.
-        sticky: per tenant rather than per request.
-    """
-
-    models: tuple[tuple[str, float], ...] = ()
-    sticky: bool = False
-
-    def __post_init__(self) -> None:
-        for model, share in self.models:
-            if model not in SERVED:
-                raise ValueError(f"no rollout of {model!r}: the gateway serves {', '.join(SERVED)}")
-            if not 0 <= share <= 100:
-                raise ValueError(f"{model}: a share is a percent, 0 to 100, not {share}")
-
-    def moved(self, changes: dict[str, float], sticky: bool | None = None) -> Shares:
-        """These shares with ``changes`` applied (a model not named keeps its share)."""
-        models = dict(self.models) | changes
-        return Shares(tuple(models.items()), self.sticky if sticky is None else sticky)
-
-    def as_json(self) -> str:
-        """The file gateway/rollout.js reads, and ``from_json`` too."""
-        return json.dumps({"models": dict(self.models), "sticky": self.sticky})
-
-    @classmethod
-    def from_json(cls, text: str) -> Shares:
-        """The shares ``as_json`` wrote."""
-        state = json.loads(text)
-        return cls(tuple(state["models"].items()), bool(state["sticky"]))
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """A new version of some served models on servers of their own (the canary), taking a share.
-
-    The canary servers serve the new version under the same model names (KServe's canary
-    revision; e.g. ``embed`` whose encoder is INT8), so a request needs no rewriting: the
-    gateway picks the servers. The shares live in a file of their own that
-    gateway/rollout.js reads for every request, so that moving them is a rewrite of that file
-    (``gateway.nginx.rollout``): no reload, no connection closed.
-
-    Attributes:
-        http: the canary servers' HTTP endpoints.
-        grpc: their gRPC endpoints.
-        shares: the models in the rollout and their shares at start.
-        shares_file: where nginx reads the shares (``Shares.as_json``), as nginx sees it: an
-            absolute path.
-        shadow: host:port of the comparator (``python -m gateway.shadow``), which receives a
-            sampled copy of the models' requests and compares the two versions' answers;
-            None: none.
-        sample: percent of a model's requests copied to the comparator.
-    """
-
-    http: tuple[str, ...]
-    grpc: tuple[str, ...]
-    shares: Shares = Shares()
-    shares_file: str = ROLLOUT_FILE
-    shadow: str | None = None
-    sample: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.http or not self.grpc:
-            raise ValueError("a rollout needs at least one canary server")
-        if not 0 < self.sample <= 100:
-            raise ValueError(f"the sample is a percent, over 0 and at most 100, not {self.sample}")
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class Nginx(ManagedProcess):
         client_timeout: str = "10s",
         operators: Sequence[str] = (),
         tls: config.TLS | None = None,
-        canary: config.Rollout | None = None,
+        canary: rollout.Rollout | None = None,
     ):
         super().__init__(log_path)
         self.binary = config.find_nginx()
@@ -110,7 +110,7 @@ class Nginx(ManagedProcess):
         """A rollout's shares file (inside the prefix): what ``gateway.nginx.rollout`` moves."""
         if self.prefix is None:
             raise RuntimeError("nginx has not been prepared yet")
-        return self.prefix / config.ROLLOUT_FILE
+        return self.prefix / rollout.ROLLOUT_FILE
 
     @property
     def config_path(self) -> Path:

@@ -1,9 +1,11 @@
-"""Move a rollout's shares on a running gateway: rewrite its shares file, nothing else.
+"""A rollout: its types, and moving its shares on a running gateway (its shares file).
 
-gateway/rollout.js reads the shares for every request, so a move is the new file put in
-place with a rename (atomic: a request reads the old shares or the new, never half of
-either). Nothing reloads: no worker is replaced and no client connection is closed, so no
-request is dropped, and a request that starts after ``move`` returns meets the new shares.
+``Rollout`` is the part of the gateway's config (``gateway.nginx.config.Gateway``) that sends a
+share of some models' requests to canary servers; ``Shares`` is what its file holds.
+gateway/rollout.js reads the shares for every request, so a move is the new file put in place
+with a rename (atomic: a request reads the old shares or the new, never half of either).
+Nothing reloads: no worker is replaced and no client connection is closed, so no request is
+dropped, and a request that starts after ``move`` returns meets the new shares.
 
     python -m gateway.nginx rollout --file PREFIX/rollout.json embed=5    # 5 % to the canary
     python -m gateway.nginx rollout --file PREFIX/rollout.json embed=0    # all back
@@ -12,24 +14,135 @@ request is dropped, and a request that starts after ``move`` returns meets the n
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.nginx import config
+from gateway.served import SERVED
 
-__all__ = ["add_arguments", "current", "from_args", "move", "write"]
+__all__ = [
+    "CANARY",
+    "ROLLOUT_FILE",
+    "STABLE",
+    "Rollout",
+    "Shares",
+    "add_arguments",
+    "current",
+    "from_args",
+    "move",
+    "parse_share",
+    "write",
+]
+
+# The versions a request can go to in a rollout (its log line's "version").
+STABLE = "stable"
+CANARY = "canary"
+# A rollout's shares (JSON), which gateway/rollout.js reads for each request and a move
+# rewrites.
+ROLLOUT_FILE = "rollout.json"
 
 
-def current(path: Path) -> config.Shares:
+def parse_share(text: str) -> tuple[str, float]:
+    """``MODEL=PERCENT`` (a command line's share) as (model, percent).
+
+    Raises:
+        ValueError: not of that form.
+    """
+    model, _, percent = text.partition("=")
+    try:
+        return model, float(percent.rstrip("%"))
+    except ValueError:
+        raise ValueError(f"{text!r}: give MODEL=PERCENT, e.g. embed=5") from None
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Each model's share of requests sent to a rollout's canary servers (``rollout.json``).
+
+    Each request of a model with a share goes to the canary with that probability (the first
+    bits of its random request id), or, ``sticky``, every request of one tenant (with
+    shaping; else of one ``X-User-Id``) goes the same way (a hash of tenant and model). A share
+    of 0 keeps the model in the rollout (compared, logged per version) with no traffic on the
+    canary.
+
+    Attributes:
+        models: (model, percent of its requests sent to the canary), per served model.
+        sticky: per tenant rather than per request.
+    """
+
+    models: tuple[tuple[str, float], ...] = ()
+    sticky: bool = False
+
+    def __post_init__(self) -> None:
+        for model, share in self.models:
+            if model not in SERVED:
+                raise ValueError(f"no rollout of {model!r}: the gateway serves {', '.join(SERVED)}")
+            if not 0 <= share <= 100:
+                raise ValueError(f"{model}: a share is a percent, 0 to 100, not {share}")
+
+    def moved(self, changes: dict[str, float], sticky: bool | None = None) -> Shares:
+        """These shares with ``changes`` applied (a model not named keeps its share)."""
+        models = dict(self.models) | changes
+        return Shares(tuple(models.items()), self.sticky if sticky is None else sticky)
+
+    def as_json(self) -> str:
+        """The file gateway/rollout.js reads, and ``from_json`` too."""
+        return json.dumps({"models": dict(self.models), "sticky": self.sticky})
+
+    @classmethod
+    def from_json(cls, text: str) -> Shares:
+        """The shares ``as_json`` wrote."""
+        state = json.loads(text)
+        return cls(tuple(state["models"].items()), bool(state["sticky"]))
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A new version of some served models on servers of their own (the canary), taking a share.
+
+    The canary servers serve the new version under the same model names (KServe's canary
+    revision; e.g. ``embed`` whose encoder is INT8), so a request needs no rewriting: the
+    gateway picks the servers. The shares live in a file of their own that
+    gateway/rollout.js reads for every request, so that moving them is a rewrite of that file
+    (``move``): no reload, no connection closed.
+
+    Attributes:
+        http: the canary servers' HTTP endpoints.
+        grpc: their gRPC endpoints.
+        shares: the models in the rollout and their shares at start.
+        shares_file: where nginx reads the shares (``Shares.as_json``), as nginx sees it: an
+            absolute path.
+        shadow: host:port of the comparator (``python -m gateway.shadow``), which receives a
+            sampled copy of the models' requests and compares the two versions' answers;
+            None: none.
+        sample: percent of a model's requests copied to the comparator.
+    """
+
+    http: tuple[str, ...]
+    grpc: tuple[str, ...]
+    shares: Shares = Shares()
+    shares_file: str = ROLLOUT_FILE
+    shadow: str | None = None
+    sample: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.http or not self.grpc:
+            raise ValueError("a rollout needs at least one canary server")
+        if not 0 < self.sample <= 100:
+            raise ValueError(f"the sample is a percent, over 0 and at most 100, not {self.sample}")
+
+
+def current(path: Path) -> Shares:
     """The shares in force in ``path``.
 
     Raises:
         FileNotFoundError: no rollout there.
     """
-    return config.Shares.from_json(path.read_text())
+    return Shares.from_json(path.read_text())
 
 
-def write(path: Path, shares: config.Shares) -> None:
+def write(path: Path, shares: Shares) -> None:
     """Put ``shares`` in ``path`` at once (a file beside it, renamed over it)."""
     staged = path.with_name(f".{path.name}.new")
     staged.write_text(shares.as_json() + "\n")
@@ -38,7 +151,7 @@ def write(path: Path, shares: config.Shares) -> None:
 
 def move(
     path: Path, changes: dict[str, float], sticky: bool | None = None
-) -> tuple[config.Shares, config.Shares]:
+) -> tuple[Shares, Shares]:
     """Apply ``changes`` (model → percent to the canary) to the shares in ``path``.
 
     Args:
@@ -71,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rollout",
         action="append",
-        type=config.parse_share,
+        type=parse_share,
         default=[],
         metavar="MODEL=PERCENT",
         help="a model the canaries serve in its new version, and its share of requests sent "
@@ -89,16 +202,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def from_args(args: argparse.Namespace, shares_file: Path | None = None) -> config.Rollout | None:
+def from_args(args: argparse.Namespace, shares_file: Path | None = None) -> Rollout | None:
     """The rollout of ``add_arguments``' options; None without any canary or share.
 
     ``shares_file``: where nginx will read the shares (made absolute); default: the config's.
     """
     if not (args.canary_http or args.canary_grpc or args.rollout):
         return None
-    shares = config.Shares(tuple(args.rollout), args.sticky)
+    shares = Shares(tuple(args.rollout), args.sticky)
     canaries = (tuple(args.canary_http), tuple(args.canary_grpc))
-    where = str(shares_file.resolve()) if shares_file else config.ROLLOUT_FILE
-    return config.Rollout(
-        *canaries, shares, shares_file=where, shadow=args.shadow, sample=args.sample
-    )
+    where = str(shares_file.resolve()) if shares_file else ROLLOUT_FILE
+    return Rollout(*canaries, shares, shares_file=where, shadow=args.shadow, sample=args.sample)

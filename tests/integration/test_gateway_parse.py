@@ -29,8 +29,9 @@ from tritonclient.utils import InferenceServerException
 
 from bench.harness.pki import make_pki
 from gateway import shaping
-from gateway.nginx.config import SERVED, TLS
+from gateway.nginx.config import TLS
 from gateway.nginx.process import Nginx
+from gateway.served import SERVED
 from pipelines import classification, embedding
 
 pytestmark = pytest.mark.integration

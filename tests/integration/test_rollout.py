@@ -37,8 +37,9 @@ import model_config
 from client.embed import EmbedClient, build_inputs
 from gateway import shadow, shaping
 from gateway.metrics import ShapingLogExporter
-from gateway.nginx.config import CANARY, STABLE, USER_ID_HEADER, OpenAI, Rollout, Shares
+from gateway.nginx.config import USER_ID_HEADER, OpenAI
 from gateway.nginx.process import Nginx
+from gateway.nginx.rollout import CANARY, STABLE, Rollout, Shares
 from paths import MODEL_REPOSITORY, REPO_ROOT
 from pipelines import embedding
 from processes.managed import ManagedProcess, free_port

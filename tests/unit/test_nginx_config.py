@@ -51,10 +51,10 @@ VARIANTS = {
         ONE,
         LISTEN,
         openai=config.OpenAI(),
-        rollout=config.Rollout(
+        rollout=rollout.Rollout(
             ("127.0.0.1:19",),
             ("127.0.0.1:20",),
-            config.Shares((("embed", 5), ("classify", 0))),
+            rollout.Shares((("embed", 5), ("classify", 0))),
             shadow="127.0.0.1:21",
         ),
     ),
@@ -62,8 +62,8 @@ VARIANTS = {
         SEVERAL,
         LISTEN,
         shaping=config.Shaping(ODD),
-        rollout=config.Rollout(
-            ("127.0.0.1:19",), ("127.0.0.1:20",), config.Shares((("embed", 100),), sticky=True)
+        rollout=rollout.Rollout(
+            ("127.0.0.1:19",), ("127.0.0.1:20",), rollout.Shares((("embed", 100),), sticky=True)
         ),
     ),
 }
@@ -105,19 +105,19 @@ def test_a_rollout_picks_the_servers_of_each_request_s_version():
     assert text.count("mirror /_rollout_shadow;") == 2
     assert text.count("set $openai_shadow /_rollout_shadow;") == 1
     assert '"version":"$rollout_version"' in text
-    assert f'js_var $rollout_file "{config.ROLLOUT_FILE}";' in text
+    assert f'js_var $rollout_file "{rollout.ROLLOUT_FILE}";' in text
     assert "js_set $rollout_version rollout.version;" in text
     plain = config.render(VARIANTS["plain"])
     assert "rollout" not in plain and "$http_servers" not in plain
 
 
 def test_shares_are_written_whole_and_moved(tmp_path):
-    shares = config.Shares((("embed", 0.5), ("classify", 0), ("embed_int8", 100)))
+    shares = rollout.Shares((("embed", 0.5), ("classify", 0), ("embed_int8", 100)))
     assert json.loads(shares.as_json()) == {
         "models": {"embed": 0.5, "classify": 0, "embed_int8": 100},
         "sticky": False,
     }
-    path = tmp_path / config.ROLLOUT_FILE
+    path = tmp_path / rollout.ROLLOUT_FILE
     rollout.write(path, shares)
     before, after = rollout.move(path, {"classify": 50}, sticky=True)
     assert before == shares and rollout.current(path) == after
@@ -139,4 +139,4 @@ def test_shares_are_written_whole_and_moved(tmp_path):
 )
 def test_a_share_out_of_range_or_of_an_unserved_model_is_refused(models, message):
     with pytest.raises(ValueError, match=message):
-        config.Shares(models)
+        rollout.Shares(models)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from bench.harness.pki import make_pki
-from gateway.nginx import config
+from gateway.nginx import config, rollout
 from gateway.shaping import LIMITS, load_limits
 from pipelines import embedding
 from tests.helpers import REPO, limits_with_secret_keys
@@ -65,7 +65,7 @@ def test_nginx_t_compiles_the_scripts_and_refuses_a_broken_one(nginx_binary, tmp
     for name in config.SCRIPTS:
         shutil.copy(config.SCRIPTS_DIR / name, tmp_path / name)
     runtime = config.Runtime(js_dir=str(tmp_path))
-    canary = config.Rollout(("127.0.0.1:19",), ("127.0.0.1:20",))  # rollout.js is read with one
+    canary = rollout.Rollout(("127.0.0.1:19",), ("127.0.0.1:20",))  # rollout.js is read with one
     good = config.render(
         config.Gateway(UPSTREAMS, LISTEN, runtime=runtime, openai=config.OpenAI(), rollout=canary)
     )

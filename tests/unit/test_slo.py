@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gateway import shaping
-from gateway.nginx.config import SERVED
+from gateway.served import SERVED
 from monitoring import slo
 from paths import DOCS
 from tests.helpers import REPO, prometheus_tool
