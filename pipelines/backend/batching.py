@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from pipelines.backend import step_traces
 from pipelines.rows import RowCountError, split_rows
 
 
@@ -61,6 +62,8 @@ def execute(
     """
     respond = respond or respond_arrays
     responses: list = [None] * len(requests)
+    # Each traced request's span of this step: its phases (step_traces.phase) go under it.
+    parents = step_traces.contexts(requests)
     parsed: dict[int, Any] = {}
     for i, request in enumerate(requests):
         if request.is_cancelled():
@@ -75,13 +78,14 @@ def execute(
         groups.setdefault(group(item) if group else None, []).append(i)
     for members in groups.values():
         items = [parsed[i] for i in members]
-        try:
-            results = _run(run, items)
-        except Exception as exc:  # noqa: BLE001 - the whole group failed: isolate or report
-            if not isolate or len(members) == 1:
-                results = [exc] * len(members)
-            else:
-                results = [_alone(run, item) for item in items]
+        with step_traces.running([parents[i] for i in members]):
+            try:
+                results = _run(run, items)
+            except Exception as exc:  # noqa: BLE001 - the whole group failed: isolate or report
+                if not isolate or len(members) == 1:
+                    results = [exc] * len(members)
+                else:
+                    results = [_alone(run, item) for item in items]
         for i, item, result in zip(members, items, results, strict=True):
             if rows is not None and isinstance(result, dict):
                 result = _rows_checked(result, rows(item))

@@ -20,7 +20,7 @@ import numpy as np
 
 from pipelines import classification, image, imagenet
 from pipelines.backend import batching as bk
-from pipelines.backend import engines, metrics, torch_io
+from pipelines.backend import engines, metrics, step_traces, torch_io
 
 
 # What each request holds, and what it gets back -------------------------------------------------
@@ -141,7 +141,9 @@ class PreprocessModel:
     def _run(self, items: list[list[bytes]]) -> list[dict | Exception]:
         # Host time on both paths (on a GPU instance the resize may still be running).
         started = time.perf_counter()
-        pixels, errors = self._pixels([img for images in items for img in images])
+        encoded = [img for images in items for img in images]
+        with step_traces.phase("decode", images=len(encoded)):
+            pixels, errors = self._pixels(encoded)
         if self.to_host:
             pixels = pixels.cpu()
         self.metrics.batch(time.perf_counter() - started, errors)

@@ -32,7 +32,7 @@ import numpy as np
 
 from pipelines import embedding, padding, text_cache, tokenization
 from pipelines.backend import batching as bk
-from pipelines.backend import engines, metrics, torch_io
+from pipelines.backend import engines, metrics, step_traces, torch_io
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -109,9 +109,9 @@ class TokenizeModel:
             raise bk.RequestError(str(exc)) from None
 
     def _run(self, items: list[Texts]) -> list[dict | Exception]:
-        tokens, lengths = tokenization.encode_counted(
-            [t for r in items for t in r.texts], self.tokenizer
-        )
+        texts = [t for r in items for t in r.texts]
+        with step_traces.phase("tokenize", texts=len(texts)):
+            tokens, lengths = tokenization.encode_counted(texts, self.tokenizer)
         outputs, refused, start, real, padded, truncated = [], [], 0, 0, 0, 0
         for request in items:
             mine = slice(start, start + len(request))
@@ -177,13 +177,15 @@ class TokenizeEncodeModel(TokenizeModel):
 
     def _encode(self, texts: list[str], truncate: list[bool]) -> list[Answer]:
         """Each text's (vector, word pieces) through the encoder, or its length if refused."""
-        tokens, lengths = tokenization.encode_counted(texts, self.tokenizer)
+        with step_traces.phase("tokenize", texts=len(texts)):
+            tokens, lengths = tokenization.encode_counted(texts, self.tokenizer)
         kept = [i for i, cut in enumerate(truncate) if not must_refuse(lengths[i], cut)]
         answers: list[Answer] = list(lengths)  # a refused text's answer: its length
         if kept:
-            vectors, padded = padding.encode_sorted(
-                self._encoder, [tokens[i] for i in kept], self.max_tokens, self.run_cost
-            )
+            with step_traces.phase("encode", texts=len(kept)):
+                vectors, padded = padding.encode_sorted(
+                    self._encoder, [tokens[i] for i in kept], self.max_tokens, self.run_cost
+                )
             for i, vector in zip(kept, vectors, strict=True):
                 answers[i] = (vector, len(tokens[i]))
             real = sum(len(tokens[i]) for i in kept)
@@ -205,7 +207,8 @@ class TokenizeEncodeModel(TokenizeModel):
         if self.cache is None:
             return self._encode(texts, truncate)
         keyed = list(zip(texts, truncate, strict=True))
-        found, looked = self.cache.lookup(texts, truncate)
+        with step_traces.phase("cache lookup", texts=len(texts)):
+            found, looked = self.cache.lookup(texts, truncate)
         # Each (text, flag) still missing is encoded once, however often it repeats.
         todo = list(dict.fromkeys(k for k, hit in zip(keyed, found, strict=True) if hit is None))
         outcomes = [looked]
@@ -214,14 +217,14 @@ class TokenizeEncodeModel(TokenizeModel):
             new = dict(zip(todo, answers, strict=True))
             kept = [(key, a) for key, a in new.items() if not isinstance(a, int)]
             if kept:
-                outcomes.append(
-                    self.cache.store(
+                with step_traces.phase("cache store", texts=len(kept)):
+                    stored = self.cache.store(
                         [text for (text, _), _ in kept],
                         [vector for _, (vector, _) in kept],
                         [n for _, (_, n) in kept],
                         [flag for (_, flag), _ in kept],
                     )
-                )
+                outcomes.append(stored)
             found = [new[k] if hit is None else hit for k, hit in zip(keyed, found, strict=True)]
         shared = self.cache.shared
         self.cache_metrics.record(outcomes, shared.open if shared is not None else None)

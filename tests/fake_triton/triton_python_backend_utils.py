@@ -128,6 +128,20 @@ class Tensor:
 BLS_MODELS: dict = {}
 
 
+class InferenceTrace:
+    """A request's trace (python_backend r24.10 pb_utils.InferenceTrace).
+
+    ``get_context()`` is its OpenTelemetry context as JSON, ``{"traceparent": "00-..."}``, where
+    the server traces the request in OpenTelemetry mode; here the context the test gave.
+    """
+
+    def __init__(self, context: str | None):
+        self._context = context
+
+    def get_context(self) -> str | None:
+        return self._context
+
+
 class InferenceRequest:
     """A request: named input tensors, and whether its client cancelled it.
 
@@ -142,7 +156,9 @@ class InferenceRequest:
         model_name: str | None = None,
         model_version: int = -1,
         requested_output_names: list[str] | None = None,
+        trace_context: str | None = None,
     ):
+        self._trace = InferenceTrace(trace_context)
         self._inputs = list(inputs or [])
         self._cancelled = cancelled
         self.model_name, self.model_version = model_name, model_version
@@ -154,6 +170,9 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def is_cancelled(self) -> bool:
         # python_backend r24.10 src/infer_request.cc InferRequest::IsCancelled: asks the server
