@@ -19,11 +19,12 @@ a model whose Python-backend stub died, which tritonserver 2.51 does not do (ser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -112,6 +113,14 @@ STOP_TIMEOUT_S = 12
 Front = Callable[[Server], tuple[ManagedProcess, Callable[[], str]]]
 
 
+class _EarlyExitError(Exception):
+    """The launcher ends with ``status`` before serving; why has been printed already."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
 def main(argv: list[str] | None = None, front: Front | None = None) -> int:
     """Start the server, print its endpoints, stream its log, stop on Ctrl-C or SIGTERM.
 
@@ -126,6 +135,21 @@ def main(argv: list[str] | None = None, front: Front | None = None) -> int:
     stops = StopRequests().install()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
+    extra, supervise = _tritonserver_flags(args)
+    # Caught outside the stack: what it stops learns that the run ended early.
+    try:
+        with contextlib.ExitStack() as stack:
+            return _serve(stack, args, extra, supervise, stops, front)
+    except _EarlyExitError as early:
+        return early.status
+
+
+def _tritonserver_flags(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """The further flags of tritonserver, and whether a supervisor reloads a model whose stub died.
+
+    The supervisor needs explicit model control: the flags get it unless they chose another
+    mode (then there is no supervisor).
+    """
     extra, supervise = args.extra, False
     if not args.no_supervisor:
         controlled = explicit_control(args.extra)
@@ -135,38 +159,123 @@ def main(argv: list[str] | None = None, front: Front | None = None) -> int:
             extra, supervise = controlled, True
     if not any(a.startswith("--exit-timeout-secs") for a in extra):
         extra = [f"--exit-timeout-secs={EXIT_TIMEOUT_S}", *extra]
-    cache = None
-    if args.redis == "local":
-        try:
-            cache = redis.RedisServer()
-            cache.start(stop_requests=stops)
-        except (FileNotFoundError, ServerStartError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        except StartInterruptedError:
-            return 130
-    try:
-        return _serve(args, extra, supervise, stops, front, cache)
-    finally:
-        if cache is not None:
-            cache.stop(stop_requests=stops)
+    return extra, supervise
 
 
 def _serve(
+    stack: contextlib.ExitStack,
     args: argparse.Namespace,
     extra: list[str],
     supervise: bool,
     stops: StopRequests,
     front: Front | None,
-    cache: redis.RedisServer | None,
 ) -> int:
-    """Start tritonserver (and ``front``) with embed's shared cache at ``cache`` or the URL given.
+    """Start each part, its stop pushed on ``stack``; then follow the log until a stop.
 
-    Returns the launcher's exit status; stops everything it started, whatever happens.
+    The parts start in this order, and ``stack`` stops them in reverse: redis-server
+    (``--redis local``), tritonserver, the stub supervisor, ``front``. Once a signal has been
+    counted, the parts not yet started and the banner are skipped.
+
+    Returns:
+        1 if tritonserver exited by itself, 0 if it was stopped.
+
+    Raises:
+        _EarlyExitError: a part could not start, or a signal stopped its start.
     """
+    cache = _start_redis(stack, stops) if args.redis == "local" else None
     url = cache.url if cache is not None else args.redis or os.environ.get(text_cache.URL_ENV)
-    config = ServerConfig(
-        text_cache_url=url,
+    foreground = _start_server(stack, _server_config(args, extra, url), args.timeout, stops)
+    server = foreground.server
+    supervisor = None
+    if supervise and not stops.count:
+        supervisor = StubSupervisor.of(server).start()
+        stack.callback(supervisor.stop, timeout=2)
+    lines = ""
+    if front is not None and not stops.count:
+        proxy, describe = front(server)
+        with _exit_if_start_fails():
+            proxy.start(stop_requests=stops)
+        stack.callback(proxy.stop, stop_requests=stops)
+        lines = describe()
+    if not stops.count:
+        banner = _banner(server, supervisor, _shown_key(args), lines + _cache_line(cache, url))
+        print(banner, flush=True)
+    foreground.exited = _follow_log(server, stops)
+    return 1 if foreground.exited else 0
+
+
+def _start_redis(stack: contextlib.ExitStack, stops: StopRequests) -> redis.RedisServer:
+    """redis-server for embed's shared cache, stopped last of all."""
+    try:
+        cache = redis.RedisServer()
+        cache.start(stop_requests=stops)
+    except (FileNotFoundError, ServerStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise _EarlyExitError(1) from exc
+    except StartInterruptedError as exc:
+        raise _EarlyExitError(130) from exc
+    stack.callback(cache.stop, stop_requests=stops)
+    return cache
+
+
+def _start_server(
+    stack: contextlib.ExitStack, config: ServerConfig, timeout: float, stops: StopRequests
+) -> _Foreground:
+    """tritonserver, ready within ``timeout`` seconds; the stack stops it and says how it ended."""
+    try:
+        server = Server(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise _EarlyExitError(2) from exc
+    with _exit_if_start_fails():
+        server.start(timeout=timeout, stop_requests=stops)
+    return stack.enter_context(_Foreground(server, stops))
+
+
+@contextlib.contextmanager
+def _exit_if_start_fails() -> Iterator[None]:
+    """A failed start ends the launcher: 1 with the error, 130 after a signal.
+
+    The process that failed has stopped already (``ManagedProcess.start`` does it).
+    """
+    try:
+        yield
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise _EarlyExitError(1) from exc
+    except StartInterruptedError as exc:
+        print("interrupted during start-up; server stopped", file=sys.stderr)
+        raise _EarlyExitError(130) from exc
+
+
+class _Foreground:
+    """A started tritonserver: on leaving, it is stopped and a line says how it ended."""
+
+    def __init__(self, server: Server, stops: StopRequests):
+        self.server = server
+        self.stops = stops
+        self.exited = False  # it exited by itself, rather than being stopped
+
+    def __enter__(self) -> _Foreground:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # Reached on a signal, on the server's exit and on any error: always stop.
+        if self.server.running():
+            print("stopping tritonserver ...", flush=True)
+        code = self.server.stop(timeout=STOP_TIMEOUT_S, stop_requests=self.stops)
+        if self.exited:
+            print(f"tritonserver exited ({code})\n{self.server.log_tail()}")
+        elif exc_type is None:  # an early exit has said why already
+            print(f"stopped (exit status {code})")
+
+
+def _server_config(
+    args: argparse.Namespace, extra: list[str], text_cache_url: str | None
+) -> ServerConfig:
+    """What tritonserver runs with: the command line, and where embed's shared cache is."""
+    return ServerConfig(
+        text_cache_url=text_cache_url,
         model_repository=args.model_repository.resolve(),
         host=args.host,
         http_port=args.http_port,
@@ -178,61 +287,16 @@ def _serve(
         admin_key=args.admin_key,
         restricted_apis=() if args.open_admin_apis else ADMIN_APIS,
     )
-    # Printed once only when made here: a key the user chose is not echoed into logs.
+
+
+def _shown_key(args: argparse.Namespace) -> str | None:
+    """How the banner names the admin key; None: it was made here, and is printed once.
+
+    A key the user chose is not echoed into logs.
+    """
     if args.admin_key:
-        shown_key = "<--admin-key>"
-    else:
-        shown_key = f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) else None
-    try:
-        server = Server(config)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        server.start(timeout=args.timeout, stop_requests=stops)
-    except ServerStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except StartInterruptedError:
-        print("interrupted during start-up; server stopped", file=sys.stderr)
-        return 130
-    supervisor = proxy = None
-    early_exit = None  # the status of a stop before the banner (the front failed, a signal)
-    try:
-        if supervise and not stops.count:
-            supervisor = StubSupervisor.of(server).start()
-        lines = ""
-        if front is not None and not stops.count:
-            proxy, describe = front(server)
-            proxy.start(stop_requests=stops)
-            lines = describe()
-        if not stops.count:
-            print(
-                _banner(server, supervisor, shown_key, lines + _cache_line(cache, url)), flush=True
-            )
-        exited = _follow_log(server, stops)
-    except ServerStartError as exc:  # the front could not start
-        print(f"error: {exc}", file=sys.stderr)
-        exited, early_exit = False, 1
-    except StartInterruptedError:
-        print("interrupted during start-up; server stopped", file=sys.stderr)
-        exited, early_exit = False, 130
-    finally:
-        # Reached on a signal, on the server's exit and on any error above: always stop.
-        if proxy is not None:
-            proxy.stop(stop_requests=stops)
-        if supervisor:
-            supervisor.stop(timeout=2)
-        if server.running():
-            print("stopping tritonserver ...", flush=True)
-        code = server.stop(timeout=STOP_TIMEOUT_S, stop_requests=stops)
-    if exited:
-        print(f"tritonserver exited ({code})\n{server.log_tail()}")
-        return 1
-    if early_exit is not None:
-        return early_exit
-    print(f"stopped (exit status {code})")
-    return 0
+        return "<--admin-key>"
+    return f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) else None
 
 
 def _banner(
