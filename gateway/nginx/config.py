@@ -2,7 +2,9 @@
 
 ``render(Gateway(...))`` is the whole config. The context holds values, each computed here
 (bucket rates, exact-match patterns, Retry-After per tenant and model); the template holds
-the layout. ``check_config`` runs ``nginx -t`` on a rendered config.
+the layout: an outline that includes each concern (TLS, shaping, OpenAI's API, the rollout,
+each listener) from a part of its own in ``parts/``. ``check_config`` runs ``nginx -t`` on a
+rendered config.
 
     config = Gateway(
         Upstreams(http=("triton-0:8000", "triton-1:8000"), grpc=("triton-0:8001", "triton-1:8001")),

@@ -374,6 +374,7 @@ def in_build_context(path: str) -> bool:
         "server/launcher.py",
         "gateway/nginx/config.py",
         "gateway/nginx/nginx.conf.j2",
+        "gateway/nginx/parts/http_server.j2",
         "export/onnx_export.py",
         "model_config/__init__.py",
         "model_repository/classifier/config.pbtxt",
