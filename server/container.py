@@ -22,6 +22,11 @@ Environment:
     TRITON_ADMIN_KEY           opens the admin endpoints (model control, repository, shared
                                memory, logging, trace) to requests carrying it; unset, they stay
                                closed (a random key that is never shown)
+    TRITON_TRACE_ENDPOINT           an OTLP/HTTP endpoint (http://collector:4318/v1/traces): the
+                               server's and its Python steps' OpenTelemetry spans go there
+                               (server/tracing.py); unset or empty, nothing is traced
+    TRITON_TRACE_RATE          trace one request in N (default 1000, Triton's)
+    TRITON_TRACE_RESOURCE      resource attributes, k=v,k=v (service.version=..., deployment...)
     TRITON_STUB_SUPERVISOR     0 turns off the stub supervisor (server/supervisor.py), a process
                                of its own that reloads a model whose Python stub died; it needs
                                explicit model control, which the entrypoint then adds
@@ -43,7 +48,7 @@ from export import tensorrt
 from paths import MODEL_REPOSITORY
 from pipelines import text_cache
 from server import gpus as gpu_info
-from server import supervisor
+from server import supervisor, tracing
 from server.launcher import (
     ADMIN_KEY_ENV,
     Installation,
@@ -162,6 +167,7 @@ def server_config(
         cache_bytes=int(environ.get("TRITON_CACHE_BYTES", 256 * 1024 * 1024)),
         response_cache_url=environ.get("TRITON_RESPONSE_CACHE_REDIS_URL") or None,
         text_cache_url=environ.get(text_cache.URL_ENV) or None,
+        trace=tracing.from_environment(environ),
         extra_args=list(argv),
     )
 

@@ -35,7 +35,7 @@ from paths import MODEL_REPOSITORY
 from pipelines import text_cache
 from processes.managed import ManagedProcess, ServerStartError, free_port
 from server import gpus as gpu_info
-from server import repository
+from server import repository, tracing
 
 __all__ = [
     "ADMIN_APIS",
@@ -301,6 +301,8 @@ class ServerConfig:
     # dashboards' per-model p99. What they cost: docs/performance.md#latency-summaries-2026-12-04.
     summary_latencies: bool = True
     summary_quantiles: str = "0.5:0.05,0.9:0.01,0.99:0.001"  # quantile:allowed error
+    # OpenTelemetry traces of the server and its Python steps (server.tracing); None: off.
+    trace: tracing.TraceSettings | None = None
 
 
 class Server(ManagedProcess):
@@ -410,6 +412,8 @@ class Server(ManagedProcess):
         if c.restricted_apis:
             rule = f"{','.join(c.restricted_apis)}:{ADMIN_HEADER}={c.admin_key}"
             args += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
+        if c.trace is not None:
+            args += c.trace.server_args()
         if c.max_input_bytes and self.installation.supports("--http-max-input-size"):
             args.append(f"--http-max-input-size={c.max_input_bytes}")
         args += list(c.extra_args)
@@ -446,6 +450,10 @@ class Server(ManagedProcess):
         # with no route out) each stub's exit took 7 s, a stop 10-15 s
         # (docs/processes.md#what-a-stop-guarantees). A server does not phone home unasked.
         env.setdefault("ORT_DISABLE_TELEMETRY", "1")
+        for name in tracing.STEP_VARIABLES:
+            env.pop(name, None)
+        if self.config.trace is not None:
+            env.update(self.config.trace.environment())
         env.pop(text_cache.URL_ENV, None)
         if self.config.text_cache_url:
             env[text_cache.URL_ENV] = self.config.text_cache_url
