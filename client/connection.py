@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import ModuleType
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
@@ -46,6 +48,17 @@ def infer_error(model: str, exc: BaseException) -> ClientError:
     """The error for a failed inference, with Triton's own message."""
     message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
     return ClientError(f"{model}: {message}")
+
+
+@contextlib.contextmanager
+def triton_errors(model: str) -> Iterator[None]:
+    """Triton's refusal of a request to ``model``, raised as a ClientError with its message."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        yield
+    except InferenceServerException as exc:
+        raise infer_error(model, exc) from None
 
 
 def is_http(mod: ModuleType) -> bool:
@@ -98,6 +111,16 @@ class _Connection:
         self.mod = module(protocol, asyncio=self.asyncio)
         self._client = self.mod.InferenceServerClient(self.url)
 
+    def _request(self, inputs, outputs) -> dict:
+        """One inference's arguments: this connection's model, version and priority."""
+        return {
+            "model_name": self.model,
+            "inputs": inputs,
+            "model_version": self.version,
+            "outputs": outputs,
+            "priority": self.priority,
+        }
+
 
 class ModelClient(_Connection):
     """Synchronous client of one model (HTTP or gRPC); a context manager."""
@@ -113,18 +136,8 @@ class ModelClient(_Connection):
 
     def infer(self, inputs, outputs):
         """One inference; Triton's error becomes a ClientError with its message."""
-        from tritonclient.utils import InferenceServerException
-
-        try:
-            return self._client.infer(
-                self.model,
-                inputs,
-                model_version=self.version,
-                outputs=outputs,
-                priority=self.priority,
-            )
-        except InferenceServerException as exc:
-            raise infer_error(self.model, exc) from None
+        with triton_errors(self.model):
+            return self._client.infer(**self._request(inputs, outputs))
 
     def close(self) -> None:
         """Close the connection."""
@@ -153,18 +166,8 @@ class AsyncModelClient(_Connection):
 
     async def infer(self, inputs, outputs):
         """One inference; Triton's error becomes a ClientError with its message."""
-        from tritonclient.utils import InferenceServerException
-
-        try:
-            return await self._client.infer(
-                self.model,
-                inputs,
-                model_version=self.version,
-                outputs=outputs,
-                priority=self.priority,
-            )
-        except InferenceServerException as exc:
-            raise infer_error(self.model, exc) from None
+        with triton_errors(self.model):
+            return await self._client.infer(**self._request(inputs, outputs))
 
     async def close(self) -> None:
         """Close the connection."""
