@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 # apt-get needs root: empty when we are root (CI), sudo otherwise.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test lint format models configs venv clean samples perf tune tools gpu-bundle gpu-check gpu-diag \
+.PHONY: serve test lint format models configs venv clean samples perf perf-genai tune tools gpu-bundle gpu-check gpu-diag \
 	imports lock \
 	engine up down
 
@@ -78,9 +78,13 @@ models: $(CLASSIFIER_ONNX) $(ENCODER_ONNX) $(ENCODER_INT8_ONNX) $(ENCODER_QDQ_ON
 # embed's per-text cache is in-process by default; REDIS=1 shares it through a local
 # redis-server (loopback, a password, bounded memory; `make tools`), REDIS_URL=redis[s]://...
 # through a Redis that runs elsewhere (docs/operations.md#the-per-text-embedding-cache).
+# TRACE=<OTLP/HTTP URL> turns on OpenTelemetry traces of the server and its Python steps (one
+# request in TRACE_RATE, 1 here: every request; docs/operations.md#tracing-one-request).
+TRACE_RATE ?= 1
 serve: models
 	$(if $(REDIS_URL),EMBED_TEXT_CACHE_URL='$(REDIS_URL)') $(PY) -m \
-		$(if $(GATEWAY),gateway serve,server) --host $(HOST) $(if $(REDIS),--redis local) $(SERVE_ARGS)
+		$(if $(GATEWAY),gateway serve,server) --host $(HOST) $(if $(REDIS),--redis local) \
+		$(if $(TRACE),--trace-url '$(TRACE)' --trace-rate $(TRACE_RATE)) $(SERVE_ARGS)
 
 # Whether the one-way import rules of pyproject.toml hold (import-linter), and the graph itself.
 # The images' hash locks: every pin of docker/requirements*.txt with the sha256 of each file
@@ -165,6 +169,14 @@ down: $(STAMP)
 # MODEL=<name>: one model of the repository (yours: docs/your-model.md) against its raw graph.
 perf: models
 	$(PY) -m bench perf $(if $(MODEL),--model $(MODEL)) $(PERF_ARGS)
+
+# NVIDIA's genai-perf beside perf_analyzer on the gateway's OpenAI /v1/embeddings, same texts,
+# concurrency and window, in one run (docs/performance.md#genai-perf-beside-perf_analyzer-2026-12-05).
+# genai-perf gets an environment of its own, .peers/genai-perf/venv, made on first use from
+# requirements-genai-perf.txt (its pandas and transformers are not .venv's pins).
+# GENAI_PERF_ARGS: e.g. "--levels 1,8 --rounds 3 --batch-size-text 4".
+perf-genai: models tools
+	$(PY) -m bench.genai_perf $(GENAI_PERF_ARGS)
 
 # The SLO tuner (docs/performance.md): TUNE is classifier, encoder, classify, embed or shared;
 # it writes the winner as configs/local-tuned.pbtxt, served with --model-config-name local-tuned.

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from paths import MODEL_REPOSITORY
 from pipelines import text_cache
 from processes.managed import ManagedProcess, StartInterruptedError, StopRequests
-from server import redis
+from server import redis, tracing
 from server.launcher import (
     ADMIN_APIS,
     ADMIN_KEY_ENV,
@@ -86,9 +86,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"elsewhere (prefer ${text_cache.URL_ENV}: a flag shows in the process list). Default: the "
         "step's in-process cache only",
     )
+    traced = p.add_argument_group(
+        "tracing",
+        "OpenTelemetry traces of the server and its Python steps, off by default "
+        "(docs/operations.md#tracing-one-request)",
+    )
+    traced.add_argument(
+        "--trace-url",
+        metavar="URL",
+        help="an OTLP/HTTP endpoint (a collector's, or `python -m monitoring.traces` at "
+        "http://127.0.0.1:4318/v1/traces): turns tracing on",
+    )
+    traced.add_argument(
+        "--trace-rate",
+        type=int,
+        default=tracing.DEFAULT_RATE,
+        help="trace one request in N (default: %(default)s, Triton's)",
+    )
+    traced.add_argument(
+        "--trace-resource",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a resource attribute of the spans, e.g. service.version=1.2 (repeatable)",
+    )
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
     p.add_argument("extra", nargs="*", help="further tritonserver flags, after --")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.trace = None
+    if args.trace_url:
+        try:
+            resource = tracing.parse_resource(args.trace_resource)
+            args.trace = tracing.TraceSettings(args.trace_url, args.trace_rate, resource)
+        except ValueError as exc:
+            p.error(str(exc))
+    return args
 
 
 def _admin_line(server: Server, shown_key: str | None) -> str:
@@ -198,7 +230,8 @@ def _serve(
         stack.callback(proxy.stop, stop_requests=stops)
         lines = describe()
     if not stops.count:
-        banner = _banner(server, supervisor, _shown_key(args), lines + _cache_line(cache, url))
+        lines += _cache_line(cache, url) + _trace_line(args.trace)
+        banner = _banner(server, supervisor, _shown_key(args), lines)
         print(banner, flush=True)
     foreground.exited = _follow_log(server, stops)
     return 1 if foreground.exited else 0
@@ -286,6 +319,7 @@ def _server_config(
         extra_args=extra,
         admin_key=args.admin_key,
         restricted_apis=() if args.open_admin_apis else ADMIN_APIS,
+        trace=args.trace,
     )
 
 
@@ -326,6 +360,13 @@ def _cache_line(cache: redis.RedisServer | None, url: str | None) -> str:
     else:
         return "  cache    embed per text: in-process only (--redis local|URL to share it)\n"
     return f"  cache    embed per text: in-process, then {where}\n"
+
+
+def _trace_line(trace: tracing.TraceSettings | None) -> str:
+    """The banner's line about OpenTelemetry traces."""
+    if trace is None:
+        return "  trace    off (--trace-url URL: OpenTelemetry spans to a collector)\n"
+    return f"  trace    1 request in {trace.rate} → {trace.url}\n"
 
 
 def _follow_log(server: Server, stops: StopRequests) -> bool:

@@ -163,3 +163,17 @@ def test_a_context_that_is_not_a_traceparent_is_ignored():
     assert step_traces.parent_of("not json") is None
     assert step_traces.parent_of(json.dumps({"traceparent": "00-zz-yy-01"})) is None
     assert step_traces.parent_of(json.dumps({"traceparent": TRACEPARENT})) is not None
+
+
+def test_the_launchers_options_turn_it_on(capsys):
+    from server import serve
+
+    args = serve.parse_args(
+        ["--trace-url", "http://127.0.0.1:4318/v1/traces", "--trace-rate", "1"]
+        + ["--trace-resource", "service.version=2"]
+    )
+    assert args.trace.rate == 1 and args.trace.resource["service.version"] == "2"
+    assert serve.parse_args([]).trace is None
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--trace-url", "http://x/v1/traces", "--trace-resource", "novalue"])
+    assert "trace resource" in capsys.readouterr().err
