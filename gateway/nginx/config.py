@@ -28,9 +28,11 @@ from pathlib import Path
 
 import jinja2
 
-from gateway.nginx.rollout import CANARY, STABLE, Rollout
+from gateway import shaping
+from gateway.nginx import rollout
+from gateway.nginx.rollout import Rollout
 from gateway.served import SERVED
-from gateway.shaping import ANONYMOUS, Limit, Limits
+from gateway.shaping import Limit, Limits
 from pipelines import embedding
 
 __all__ = [
@@ -475,20 +477,13 @@ _TEMPLATES = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+# The template names the constants it shows as Python names them: this module's (messages,
+# patterns, the served models), the anonymous tenant's, and a rollout's versions.
 _TEMPLATES.globals.update(
-    ANONYMOUS=ANONYMOUS,
-    SERVED=SERVED,
-    HTTP_INFER=HTTP_INFER,
-    GRPC_INFER=GRPC_INFER,
-    OPENAI_INFER=OPENAI_INFER,
-    OVERLOADED=OVERLOADED,
-    ENCODING_REFUSED=ENCODING_REFUSED,
-    SHADOW_IDLE_S=SHADOW_IDLE_S,
-    UNAVAILABLE=UNAVAILABLE,
-    OPERATOR_ONLY=OPERATOR_ONLY,
-    UNKNOWN_MODEL=UNKNOWN_MODEL,
-    STABLE=STABLE,
-    CANARY=CANARY,
+    (name, value)
+    for namespace in (globals(), vars(shaping), vars(rollout))
+    for name, value in namespace.items()
+    if name.isupper() and not isinstance(value, type)
 )
 
 
