@@ -20,9 +20,9 @@ from bench.harness.servers import REFERENCE_BATCHES, REFERENCED, machine
 from bench.peers import infinity
 from bench.report import attribution
 from bench.report.markdown import write_markdown
-from bench.report.metrics import metric_table
 from bench.report.plots import write_plots
 from bench.report.points import load
+from bench.report.ratios import metric_table
 from export import text_samples
 from pipelines import embedding
 

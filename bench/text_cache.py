@@ -31,7 +31,7 @@ import numpy as np
 
 import model_config
 from bench.harness import affinity, perf_analyzer, stats, variants
-from bench.report.metrics import NotComputable, equal_p99_ratio
+from bench.report.ratios import NotComputable, equal_p99_ratio
 from export import text_samples
 from paths import MODEL_REPOSITORY
 from pipelines import embedding

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pipelines.backend import metrics
+from pipelines.backend import step_metrics
 
 
 @dataclass(frozen=True)
@@ -131,19 +131,19 @@ def token_counts(page: str, model: str, version: str | None = None) -> tuple[flo
     Sums ``pipeline_tokens_total`` and ``pipeline_padded_tokens_total`` over the series of
     ``model`` (of ``version`` only, if given); (0, 0) where the model has none yet.
     """
-    totals = {metrics.TOKENS: 0.0, metrics.PADDED_TOKENS: 0.0}
+    totals = {step_metrics.TOKENS: 0.0, step_metrics.PADDED_TOKENS: 0.0}
     for name, _, value in _series(page, model, version):
         if name in totals:
             totals[name] += value
-    return totals[metrics.TOKENS], totals[metrics.PADDED_TOKENS]
+    return totals[step_metrics.TOKENS], totals[step_metrics.PADDED_TOKENS]
 
 
 def text_cache_counts(page: str, model: str, version: str | None = None) -> dict[str, float]:
     """The per-text cache's texts so far: hits by layer (``local``, ``redis``) and ``misses``."""
-    totals = {**dict.fromkeys(metrics.CACHE_LAYERS, 0.0), "misses": 0.0}
+    totals = {**dict.fromkeys(step_metrics.CACHE_LAYERS, 0.0), "misses": 0.0}
     for name, labels, value in _series(page, model, version):
-        if name == metrics.TEXT_CACHE_HITS:
+        if name == step_metrics.TEXT_CACHE_HITS:
             totals[labels["layer"]] += value
-        elif name == metrics.TEXT_CACHE_MISSES:
+        elif name == step_metrics.TEXT_CACHE_MISSES:
             totals["misses"] += value
     return totals

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from bench.report.metrics import (
+from bench.report.points import CASE_FIELDS, CLS, EMB, EMB8, FUSED, find
+from bench.report.ratios import (
     EMBED_ASYNC,
     INFINITY,
     INFINITY_TARGET,
@@ -18,7 +19,6 @@ from bench.report.metrics import (
     summarize,
     vs_infinity,
 )
-from bench.report.points import CASE_FIELDS, CLS, EMB, EMB8, FUSED, find
 from pipelines import embedding
 
 

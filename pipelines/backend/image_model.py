@@ -20,11 +20,11 @@ import numpy as np
 
 from pipelines import classification, image, imagenet
 from pipelines.backend import batching as bk
-from pipelines.backend import engines, metrics, step_traces, torch_io
+from pipelines.backend import engines, step_metrics, step_traces, torch_io
 
 
 # What each request holds, and what it gets back -------------------------------------------------
-def read_images(request, failures: metrics.PreprocessMetrics) -> list[bytes]:
+def read_images(request, failures: step_metrics.PreprocessMetrics) -> list[bytes]:
     """The encoded images of one request, checked before any is decoded.
 
     ``RequestError`` (counted) if it has none, or if their headers add up to more pixels than
@@ -121,7 +121,7 @@ class PreprocessModel:
         """Note this instance's device; create its metrics."""
         self.name = args["model_name"]
         self.device = torch_io.instance_device(args)
-        self.metrics = metrics.PreprocessMetrics(args)
+        self.metrics = step_metrics.PreprocessMetrics(args)
         self.respond = bk.respond_arrays if self.device == "cpu" else torch_io.respond_tensors
         # output_device cpu: decode on the GPU, hand the pixels over in host memory (a
         # diagnostic variant: no GPU tensor crosses to the classifier's process).
@@ -231,7 +231,7 @@ class FusedClassifyModel:
             onnx_path = Path(args["model_repository"]).parent / params["model"]
             engine = engines.open_engine(onnx_path, [classification.LOGITS], params)
             self.pipeline = OnnxImagePipeline(engine)
-        self.metrics = metrics.PreprocessMetrics(args)
+        self.metrics = step_metrics.PreprocessMetrics(args)
         imagenet.label_names(np.zeros(1, dtype=np.int32))
 
     def finalize(self):

@@ -32,7 +32,7 @@ import numpy as np
 
 from pipelines import embedding, padding, text_cache, tokenization
 from pipelines.backend import batching as bk
-from pipelines.backend import engines, metrics, step_traces, torch_io
+from pipelines.backend import engines, step_metrics, step_traces, torch_io
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -95,7 +95,7 @@ class TokenizeModel:
         """Load the tokenizer before the first request; create this instance's metrics."""
         self.name = args["model_name"]
         self.tokenizer = tokenization.tokenizer(*tokenizer_file(args, bk.parameters(args)))
-        self.metrics = metrics.TokenizeMetrics(args)
+        self.metrics = step_metrics.TokenizeMetrics(args)
 
     def finalize(self):
         """Release the metric series before the stub exits."""
@@ -167,7 +167,7 @@ class TokenizeEncodeModel(TokenizeModel):
         self.run_cost = int(params.get("run_cost_tokens", padding.RUN_COST_TOKENS))
         super().initialize(args)
         self.cache = text_cache_for(args, params, self.engine)
-        self.cache_metrics = metrics.TextCacheMetrics(args) if self.cache else None
+        self.cache_metrics = step_metrics.TextCacheMetrics(args) if self.cache else None
 
     def finalize(self):
         """Release the metric series before the stub exits."""

@@ -1,4 +1,4 @@
-"""The Python steps' own metrics (pipelines/backend/metrics.py) on the real server's /metrics page.
+"""The Python steps' own metrics (pipelines/backend/step_metrics.py) on the server's /metrics page.
 
 Each test reads the page before and after a few sequential requests and checks the exact change,
 computing the expected token counts in-process with the same tokenizer.
@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from pipelines import classification, embedding, padding, tokenization
-from pipelines.backend import metrics
+from pipelines.backend import step_metrics
 from tests.bad_images import bad_images
 from tests.helpers import change, scrape
 
@@ -76,16 +76,16 @@ def test_failure_reasons_cover_every_message_the_steps_produce(photos):
     for data, reason in cases.items():
         with pytest.raises(image.ImageError) as failure:
             image.decode(data)
-        assert metrics.failure_reason(failure.value) == reason
+        assert step_metrics.failure_reason(failure.value) == reason
     for data, reason in {b"": "empty", b"caf\xe9": "not_utf8", b"  ": "blank"}.items():
         with pytest.raises(tokenization.TextError) as failure:
             tokenization.decode_text(data)
-        assert metrics.failure_reason(f"TEXT[2]: {failure.value}") == reason
-    assert metrics.failure_reason("image too large: 9000x9000 exceeds 64000000 pixels") == (
+        assert step_metrics.failure_reason(f"TEXT[2]: {failure.value}") == reason
+    assert step_metrics.failure_reason("image too large: 9000x9000 exceeds 64000000 pixels") == (
         "too_large"
     )
-    assert metrics.failure_reason("images too large: IMAGE holds 2 pixels") == "too_large"
-    assert metrics.failure_reason("something new") == "other"
+    assert step_metrics.failure_reason("images too large: IMAGE holds 2 pixels") == "too_large"
+    assert step_metrics.failure_reason("something new") == "other"
 
 
 def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server, photos):
@@ -116,16 +116,16 @@ def test_preprocess_counts_decode_failures_by_reason_and_times_each_batch(server
     assert "IMAGE[1]: empty input" in error
     after = scrape(server)
 
-    failures = metrics.DECODE_FAILURES
+    failures = step_metrics.DECODE_FAILURES
     assert change(before, after, failures, **PRE, reason="not_an_image") == 2
     assert change(before, after, failures, **PRE, reason="corrupt") == 2
     assert change(before, after, failures, **PRE, reason="empty") == 1
-    assert change(before, after, metrics.PREPROCESS_IMAGES, **PRE) == 7
-    seconds = metrics.PREPROCESS_SECONDS
+    assert change(before, after, step_metrics.PREPROCESS_IMAGES, **PRE) == 7
+    seconds = step_metrics.PREPROCESS_SECONDS
     assert change(before, after, seconds + "_count", **PRE) == 5
     assert 0 < change(before, after, seconds + "_sum", **PRE) < 30
     timed = bucket_changes(before, after, seconds, **PRE)
-    assert set(timed) == {*metrics.SECONDS_BUCKETS, math.inf}, sorted(timed)
+    assert set(timed) == {*step_metrics.SECONDS_BUCKETS, math.inf}, sorted(timed)
     counts = [timed[le] for le in sorted(timed)]
     assert counts == sorted(counts), timed  # cumulative
     # Each execute decodes at most three photos, in milliseconds: all five are under 5 s
@@ -176,21 +176,21 @@ def test_the_text_step_counts_real_and_padded_tokens_per_batch(server):
     )
     after = scrape(server)
 
-    assert change(before, after, metrics.TOKENS, **TOK) == expected_tokens
-    assert change(before, after, metrics.PADDED_TOKENS, **TOK) == expected_padded
-    assert change(before, after, metrics.TRUNCATED_TEXTS, **TOK) == 1
-    per_batch = metrics.TOKENS_PER_BATCH
+    assert change(before, after, step_metrics.TOKENS, **TOK) == expected_tokens
+    assert change(before, after, step_metrics.PADDED_TOKENS, **TOK) == expected_padded
+    assert change(before, after, step_metrics.TRUNCATED_TEXTS, **TOK) == 1
+    per_batch = step_metrics.TOKENS_PER_BATCH
     assert change(before, after, per_batch + "_count", **TOK) == len(requests)
     assert change(before, after, per_batch + "_sum", **TOK) == expected_tokens
     # Sequential requests: one execute each, observed with its own word-piece count (about 20,
     # 256 and 4 here: three different buckets).
     per_request = [sum(len(t) for t in request) for request in ids]
     expected_buckets = {
-        le: sum(n <= le for n in per_request) for le in (*metrics.TOKEN_BUCKETS, math.inf)
+        le: sum(n <= le for n in per_request) for le in (*step_metrics.TOKEN_BUCKETS, math.inf)
     }
     assert len({min(le for le in expected_buckets if n <= le) for n in per_request}) == 3
     assert bucket_changes(before, after, per_batch, **TOK) == expected_buckets
-    failures = metrics.DECODE_FAILURES
+    failures = step_metrics.DECODE_FAILURES
     assert change(before, after, failures, **TOK, reason="not_utf8") == 1
     assert change(before, after, failures, **TOK, reason="too_large") == 1
     assert change(before, after, failures, **TOK, reason="too_long") == 1

@@ -16,7 +16,7 @@ from bench.harness.plan import Case, Plan, perf_args
 from bench.harness.runner import Runner
 from bench.peers import infinity
 from bench.report.markdown import embedding_servers
-from bench.report.metrics import metric_table
+from bench.report.ratios import metric_table
 from export import text_samples
 from tests.helpers import embed_report_row
 

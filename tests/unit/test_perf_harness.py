@@ -22,7 +22,9 @@ from bench.harness.plan import (
 from bench.harness.runner import write_csv
 from bench.harness.servers import measure_raw
 from bench.report.markdown import _metric_lines, write_markdown
-from bench.report.metrics import (
+from bench.report.plots import write_plots
+from bench.report.points import load
+from bench.report.ratios import (
     METRICS,
     TARGETS,
     Metric,
@@ -30,8 +32,6 @@ from bench.report.metrics import (
     equal_p99_ratio,
     metric_table,
 )
-from bench.report.plots import write_plots
-from bench.report.points import load
 from export import text_samples
 from paths import MODEL_REPOSITORY
 from pipelines import classification, embedding

@@ -13,8 +13,8 @@ import pytest
 from bench.harness import perf_analyzer, variants
 from bench.harness.plan import MODELS, TEXT_MODELS, Case, Plan
 from bench.harness.runner import Row, write_csv
-from bench.report.metrics import METRICS, TARGETS, metric_table
 from bench.report.points import load
+from bench.report.ratios import METRICS, TARGETS, metric_table
 from pipelines import classification
 
 # Figures without a target that docs/performance.md quotes from the report.

@@ -177,15 +177,29 @@ _slowest_stage = _ensemble_vs_stages(min)
 _shared_core_bound = _ensemble_vs_stages(lambda stages: 1.0 / sum(1.0 / s for s in stages))
 
 
-def _peer_ratio(
-    payload: str, model: str = CLS, dataset: str = "samples", peer_model: str | None = None
-) -> Callable[[list[dict], dict], float | None]:
+def _vs_peer_at_equal_p99(
+    name: str,
+    payload: str,
+    model: str = CLS,
+    *,
+    dataset: str = "samples",
+    peer_model: str | None = None,
+    note: str = "",
+) -> Metric:
+    """Triton ÷ the FastAPI peer at equal p99, HTTP; target 2x, where the generator had headroom.
+
+    The peer serves ``peer_model`` (default: ``model``) from the same ``payload``; the load
+    generator must reach twice the fastest result on that payload and peer model.
+    """
+
     def compute(rows, raw):
         ours = find(rows, **_triton(model, protocol="http", payload=payload, dataset=dataset))
         theirs = find(rows, system="peer", model=peer_model or model, payload=payload, calls="sync")
         return equal_p99_ratio(ours, theirs)
 
-    return compute
+    return Metric(
+        name, compute, target=2.0, note=note, needs_headroom=(payload, peer_model or model)
+    )
 
 
 def _vs_peer_at(
@@ -380,19 +394,13 @@ METRICS = [
         for level in (8, 32)
         for what, field, target in (("images/s", "throughput", 1.0), ("p99", "p99_ms", 1.1))
     ),
-    Metric(
+    _vs_peer_at_equal_p99(
         "Triton ÷ peer (FastAPI micro-batcher), same JSON payload, equal p99",
-        _peer_ratio("json"),
-        target=2.0,
+        "json",
         note="target applies where serving overhead matters; EfficientNet here is compute-bound",
-        needs_headroom=("json", CLS),
     ),
-    Metric(
-        "Triton ÷ peer, same binary-tensor payload, equal p99",
-        _peer_ratio("binary"),
-        target=2.0,
-        note="as above",
-        needs_headroom=("binary", CLS),
+    _vs_peer_at_equal_p99(
+        "Triton ÷ peer, same binary-tensor payload, equal p99", "binary", note="as above"
     ),
     Metric(
         "embed served ÷ raw embed pipeline, saturation (gRPC, short texts)",
@@ -419,17 +427,12 @@ METRICS = [
         "INT8 ÷ fp32 encoder, raw embed pipeline (best batch)",
         lambda rows, raw: ratio(_raw_best("embed_int8")(raw), _raw_best("embed")(raw)),
     ),
-    Metric(
-        "Triton ÷ peer (embed, same JSON payload), equal p99",
-        _peer_ratio("json", EMB),
-        target=2.0,
-        needs_headroom=("json", EMB),
-    ),
-    Metric(
+    _vs_peer_at_equal_p99("Triton ÷ peer (embed, same JSON payload), equal p99", "json", EMB),
+    _vs_peer_at_equal_p99(
         "Triton ÷ peer (embed_graph: one process, same JSON payload), equal p99",
-        _peer_ratio("json", GRAPH, peer_model=EMB),
-        target=2.0,
-        needs_headroom=("json", EMB),
+        "json",
+        GRAPH,
+        peer_model=EMB,
     ),
     *(
         Metric(
@@ -485,12 +488,12 @@ METRICS = [
         target=2.0,
         note="as above",
     ),
-    Metric(
+    _vs_peer_at_equal_p99(
         "Triton cache hits ÷ peer (embed, same JSON payload), equal p99",
-        _peer_ratio("json", EMB, dataset="repeated"),
-        target=2.0,
+        "json",
+        EMB,
+        dataset="repeated",
         note="repeated queries; the peer has no cache, as a plain FastAPI service",
-        needs_headroom=("json", EMB),
     ),
     Metric(
         "load generator headroom, embed JSON (null model or cache hits ÷ fastest computed)",
