@@ -97,16 +97,29 @@ def container(network: str, cpus: list[int], admin_key: str) -> Iterator[tuple[s
 
 
 @contextlib.contextmanager
+def computed_path_server(cpus: list[int], **settings) -> Iterator[Server]:
+    """A server of ``make serve``'s configs on ``cpus``, both services loaded, every cache off.
+
+    ``settings``: the ``ServerConfig`` fields a benchmark changes (the thing it measures).
+    """
+    key = secrets.token_urlsafe(24)
+    config = ServerConfig(
+        http_port=0, grpc_port=0, metrics_port=0, cpus=cpus, admin_key=key, **settings
+    )
+    config.extra_args = [EXPLICIT]
+    with Server(config) as server:
+        load_computed_path(server.grpc_url, key)
+        yield server
+
+
+@contextlib.contextmanager
 def system(name: str, cpus: list[int]) -> Iterator[tuple[str, str]]:
     """One server of the comparison, every cache off: its (HTTP, gRPC) host:port."""
-    key = secrets.token_urlsafe(24)
     if name == "serve":
-        config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0, cpus=cpus, admin_key=key)
-        config.extra_args = [EXPLICIT]
-        with Server(config) as server:
-            load_computed_path(server.grpc_url, key)
+        with computed_path_server(cpus) as server:
             yield server.http_url, server.grpc_url
     else:
+        key = secrets.token_urlsafe(24)
         with container(name, cpus, key) as urls:
             load_computed_path(urls[1], key)
             yield urls

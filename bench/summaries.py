@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import sys
 
 from bench import container
 from bench.harness import affinity, compare
-from server import Server, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +33,7 @@ def server(summaries: bool, cpus: list[int]) -> compare.System:
 
     @contextlib.contextmanager
     def run():
-        key = secrets.token_urlsafe(24)
-        config = ServerConfig(
-            http_port=0,
-            grpc_port=0,
-            metrics_port=0,
-            cpus=cpus,
-            admin_key=key,
-            summary_latencies=summaries,
-            extra_args=[container.EXPLICIT],
-        )
-        with Server(config) as running:
-            container.load_computed_path(running.grpc_url, key)
+        with container.computed_path_server(cpus, summary_latencies=summaries) as running:
             yield running.grpc_url
 
     return run
