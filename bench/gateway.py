@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -40,7 +41,7 @@ import tritonclient.http as httpclient
 from bench.harness import affinity, compare, inputs, variants
 from bench.harness import perf_analyzer as pa
 from bench.harness.pki import make_pki
-from gateway.nginx.config import TLS, OpenAI
+from gateway.nginx.config import TLS, Clients, Gateway, OpenAI, Upstreams
 from gateway.nginx.process import Nginx
 from paths import MODEL_REPOSITORY
 from pipelines import embedding
@@ -162,19 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         conns = 4 * max(levels)
         # perf_analyzer reads the model's config and statistics: this machine is the operator.
         pki = make_pki(Path(tmp))
-        gateway = {
-            "openai": OpenAI(),
-            "conns_per_client": conns,
-            "operators": ["127.0.0.1"],
-        }
+        gateway = Gateway(
+            Upstreams.of(server),
+            clients=Clients(conns_per_client=conns, operators=("127.0.0.1",)),
+            openai=OpenAI(),
+        )
         with (
-            Nginx([server.http_url], [server.grpc_url], **gateway) as nginx,
-            Nginx(
-                [server.http_url],
-                [server.grpc_url],
-                tls=TLS(str(pki.certificate), str(pki.key)),
-                **gateway,
-            ) as tls,
+            Nginx(gateway) as nginx,
+            Nginx(replace(gateway, tls=TLS(str(pki.certificate), str(pki.key)))) as tls,
         ):
             for name, front in (("nginx", nginx), ("nginx-tls", tls)):
                 log.info("%s", affinity.pin_and_report(name, front.process.pid, server_cpus))

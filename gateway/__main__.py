@@ -25,7 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.nginx import rollout
-from gateway.nginx.config import TLS, OpenAI, find_js_module, find_nginx
+from gateway.nginx.config import (
+    TLS,
+    Gateway,
+    Listen,
+    OpenAI,
+    Shaping,
+    Upstreams,
+    find_js_module,
+    find_nginx,
+)
 from gateway.nginx.process import Nginx
 from gateway.shaping import load_limits
 from server import serve
@@ -86,17 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     # reach Triton through the gateway only.
 
     def front(server) -> tuple[Nginx, Callable[[], str]]:
-        nginx = Nginx(
-            [server.http_url],
-            [server.grpc_url],
-            http_port=args.gateway_port,
-            grpc_port=args.gateway_grpc_port,
-            host=args.host,
-            limits=limits,
+        gateway = Gateway(
+            Upstreams.of(server),
+            Listen(args.gateway_port, args.gateway_grpc_port, args.host),
+            shaping=Shaping(limits) if limits else None,
             openai=OpenAI.of_repository(server.config.model_repository),
             tls=tls,
-            canary=canary,
+            rollout=canary,
         )
+        nginx = Nginx(gateway)
         return nginx, lambda: banner(nginx, args.limits)
 
     return serve.main(rest, front=front)

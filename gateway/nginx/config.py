@@ -155,6 +155,14 @@ class Upstreams:
         if not self.http or not self.grpc:
             raise ValueError("an upstream needs at least one server")
 
+    @classmethod
+    def of(cls, *servers) -> Upstreams:
+        """The upstreams of these servers: each has an ``http_url`` and a ``grpc_url``.
+
+        A running ``server.Server`` has both, so ``Upstreams.of(server)`` puts it behind nginx.
+        """
+        return cls(tuple(s.http_url for s in servers), tuple(s.grpc_url for s in servers))
+
     @property
     def tries(self) -> int:
         """Every server once at most: more tries would only come back to a failed one."""
@@ -163,10 +171,14 @@ class Upstreams:
 
 @dataclass(frozen=True)
 class Listen:
-    """Where nginx listens: HTTP (the served part of ``/v2/...``) and gRPC (HTTP/2 cleartext)."""
+    """Where nginx listens: HTTP (the served part of ``/v2/...``) and gRPC (HTTP/2 cleartext).
 
-    http_port: int
-    grpc_port: int
+    A port of 0 is one free at start where ``process.Nginx`` runs it (``render`` writes the
+    ports as they are).
+    """
+
+    http_port: int = 0
+    grpc_port: int = 0
     host: str = "127.0.0.1"
 
 
@@ -440,7 +452,7 @@ class Gateway:
 
     Attributes:
         upstreams: the servers behind the gateway.
-        listen: where nginx listens.
+        listen: where nginx listens (default: ports free at start, on loopback).
         clients: what clients may hold, and the operators' addresses.
         runtime: nginx's workers, user, njs module and scripts.
         shaping: token buckets per tenant and model; None: no shaping.
@@ -450,7 +462,7 @@ class Gateway:
     """
 
     upstreams: Upstreams
-    listen: Listen
+    listen: Listen = Listen()
     clients: Clients = Clients()
     runtime: Runtime = Runtime()
     shaping: Shaping | None = None

@@ -11,12 +11,10 @@ import pwd
 import shutil
 import ssl
 import tempfile
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from gateway.nginx import config, rollout
-from gateway.shaping import Limits
 from processes.managed import ManagedProcess
 
 __all__ = ["Nginx"]
@@ -25,62 +23,44 @@ __all__ = ["Nginx"]
 class Nginx(ManagedProcess):
     """nginx in front of tritonservers, run from a temp prefix; a context manager.
 
-    Ports of 0 are replaced by free ones at start. The arguments are those of the config's
-    context (``gateway.nginx.config``): upstreams, ports, ``limits`` for token buckets (None:
-    no shaping), ``openai`` for OpenAI's embeddings API, ``canary`` for a rollout (``python
-    -m gateway.nginx rollout --file`` with its ``rollout_path`` moves the shares), and what
-    clients may hold.
+    Takes the gateway's config whole (``gateway.nginx.config.Gateway``), as ``render`` does.
+    At start, listen ports of 0 become free ones, a rollout's shares file goes in the prefix
+    (``python -m gateway.nginx rollout --file`` with ``rollout_path`` moves its shares), and
+    nginx started as root keeps its workers as that user; ``gateway`` is then the config as
+    rendered.
+
+        with Nginx(Gateway(Upstreams.of(server))) as nginx:
+            ...  # nginx.http_url, nginx.grpc_url
     """
 
     name = "nginx"
 
-    def __init__(
-        self,
-        http_upstreams: Sequence[str],
-        grpc_upstreams: Sequence[str],
-        http_port: int = 0,
-        grpc_port: int = 0,
-        host: str = "127.0.0.1",
-        workers: int | str = "auto",
-        log_path: Path | None = None,
-        limits: Limits | None = None,
-        openai: config.OpenAI | None = None,
-        conns_per_client: int = 64,
-        client_timeout: str = "10s",
-        operators: Sequence[str] = (),
-        tls: config.TLS | None = None,
-        canary: rollout.Rollout | None = None,
-    ):
+    def __init__(self, gateway: config.Gateway, log_path: Path | None = None):
         super().__init__(log_path)
         self.binary = config.find_nginx()
-        self.host = host
-        self.http_port = http_port
-        self.grpc_port = grpc_port
-        # Started as root, nginx runs its workers as `nobody`, who cannot enter the 0700 temp
-        # prefix; keep them as the user we are.
-        user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
-        # The listen ports are those of prepare(), once the free ones are picked.
-        self.gateway = config.Gateway(
-            config.Upstreams(tuple(http_upstreams), tuple(grpc_upstreams)),
-            config.Listen(http_port, grpc_port, host),
-            config.Clients(
-                conns_per_client=conns_per_client,
-                timeout=client_timeout,
-                operators=tuple(operators),
-            ),
-            config.Runtime(workers=workers, user=user),
-            shaping=None if limits is None else config.Shaping(limits),
-            openai=openai,
-            tls=tls,
-            rollout=canary,
-        )
-        if tls is not None:
+        self.gateway = gateway
+        if gateway.tls is not None:
             # The readiness probe asks nginx itself, on loopback, whether it serves: it checks
             # no certificate (which clients check against their own CAs).
             self.ready_context = ssl.create_default_context()
             self.ready_context.check_hostname = False
             self.ready_context.verify_mode = ssl.CERT_NONE
         self.prefix: Path | None = None
+
+    @property
+    def host(self) -> str:
+        """The address nginx listens on."""
+        return self.gateway.listen.host
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP port (0 until ``prepare`` picks a free one, where it was 0)."""
+        return self.gateway.listen.http_port
+
+    @property
+    def grpc_port(self) -> int:
+        """The gRPC port (0 until ``prepare`` picks a free one, where it was 0)."""
+        return self.gateway.listen.grpc_port
 
     @property
     def http_url(self) -> str:
@@ -121,18 +101,26 @@ class Nginx(ManagedProcess):
 
     def prepare(self) -> None:
         """Pick free ports, make the prefix and write the rendered config there."""
-        self.http_port = self.port_or_free(self.http_port)
-        self.grpc_port = self.port_or_free(self.grpc_port)
+        listen = self.gateway.listen
+        listen = replace(
+            listen,
+            http_port=self.port_or_free(listen.http_port),
+            grpc_port=self.port_or_free(listen.grpc_port),
+        )
+        runtime = self.gateway.runtime
+        if runtime.user is None and os.geteuid() == 0:
+            # Started as root, nginx runs its workers as `nobody`, who cannot enter the 0700
+            # temp prefix; keep them as the user we are.
+            runtime = replace(runtime, user=pwd.getpwuid(os.geteuid()).pw_name)
+        self.gateway = replace(self.gateway, listen=listen, runtime=runtime)
         self.prefix = Path(tempfile.mkdtemp(prefix="nginx-"))
         (self.prefix / "tmp").mkdir()
         self.shaping_log.parent.mkdir()
-        listen = config.Listen(self.http_port, self.grpc_port, self.host)
-        gateway = replace(self.gateway, listen=listen)
-        if gateway.rollout is not None:
-            canary = replace(gateway.rollout, shares_file=str(self.rollout_path))
-            gateway = replace(gateway, rollout=canary)
+        if self.gateway.rollout is not None:
+            canary = replace(self.gateway.rollout, shares_file=str(self.rollout_path))
+            self.gateway = replace(self.gateway, rollout=canary)
             rollout.write(self.rollout_path, canary.shares)
-        self.config_path.write_text(config.render(gateway))
+        self.config_path.write_text(config.render(self.gateway))
 
     def command(self) -> list[str]:
         """``nginx -p PREFIX -c CONF -e stderr -g 'daemon off;'`` (in the foreground)."""

@@ -26,7 +26,15 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from client.classify import ClassifyClient
 from client.embed import build_inputs
 from gateway import shaping
-from gateway.nginx.config import ENCODING_REFUSED, OVERLOADED, OpenAI
+from gateway.nginx.config import (
+    ENCODING_REFUSED,
+    OVERLOADED,
+    Clients,
+    Gateway,
+    OpenAI,
+    Shaping,
+    Upstreams,
+)
 from gateway.nginx.process import Nginx
 from pipelines import classification, embedding
 from tests.helpers import CAT_CLASSES, gzip_of_zeros, inferences, memory_kib
@@ -47,7 +55,7 @@ STEP = classification.PREPROCESS  # a step of `classify`, loaded, never served t
 @pytest.fixture(scope="module")
 def gateway(server, nginx_binary, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("gateway") / "nginx.log"
-    with Nginx([server.http_url], [server.grpc_url], limits=LIMITS, log_path=log_path) as nginx:
+    with Nginx(Gateway(Upstreams.of(server), shaping=Shaping(LIMITS)), log_path=log_path) as nginx:
         yield nginx
 
 
@@ -184,8 +192,9 @@ def test_tenants_reach_only_the_served_models_over_grpc(gateway, server):
 
 def test_operator_addresses_read_configs_and_statistics(server, tmp_path):
     # What perf_analyzer needs through the gateway (bench/gateway.py gives it 127.0.0.1).
+    operators = Clients(operators=("127.0.0.1",))
     with Nginx(
-        [server.http_url], [server.grpc_url], log_path=tmp_path / "n.log", operators=["127.0.0.1"]
+        Gateway(Upstreams.of(server), clients=operators), log_path=tmp_path / "n.log"
     ) as nginx:
         for path in (
             f"/v2/models/{classification.ENSEMBLE}/config",
@@ -289,7 +298,7 @@ def test_admin_keys_never_reach_triton_and_bodies_arrive_unchunked(tmp_path):
     with (
         Recorder() as upstream,
         Nginx(
-            [upstream.http_url], [upstream.grpc_url], limits=LIMITS, log_path=tmp_path / "n.log"
+            Gateway(Upstreams.of(upstream), shaping=Shaping(LIMITS)), log_path=tmp_path / "n.log"
         ) as nginx,
     ):
         # Chunked, in many small chunks: Triton 2.51's HTTP server spends stack per chunk
@@ -402,12 +411,9 @@ def test_slow_and_greedy_clients_leave_the_gateway_serving_others(
 ):
     # Computed first: the in-process pipeline's top classes for the photo, in order.
     (expected,) = reference.classify([photos["chelsea"]])[2].tolist()
+    clients = Clients(conns_per_client=CONNS, timeout=f"{TIMEOUT_S}s")
     with Nginx(
-        [server.http_url],
-        [server.grpc_url],
-        log_path=tmp_path / "nginx.log",
-        conns_per_client=CONNS,
-        client_timeout=f"{TIMEOUT_S}s",
+        Gateway(Upstreams.of(server), clients=clients), log_path=tmp_path / "nginx.log"
     ) as nginx:
         host, port = nginx.http_url.split(":")
         address = (host, int(port))
@@ -479,13 +485,8 @@ def test_compressed_bodies_are_refused_before_triton(server, tmp_path):
     )
     binary = [("Inference-Header-Content-Length", str(length))]
     call = json.dumps({"model": embedding.ENSEMBLE, "input": ["a compressed call"]}).encode()
-    with Nginx(
-        [server.http_url],
-        [server.grpc_url],
-        limits=LIMITS,
-        openai=OpenAI(),
-        log_path=tmp_path / "nginx.log",
-    ) as nginx:
+    gateway = Gateway(Upstreams.of(server), shaping=Shaping(LIMITS), openai=OpenAI())
+    with Nginx(gateway, log_path=tmp_path / "nginx.log") as nginx:
         pid = server.process.pid
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here on
         before, counted = memory_kib(pid), inferences(server.http_url)
@@ -534,7 +535,7 @@ def test_compressed_bodies_are_refused_before_triton(server, tmp_path):
 def test_no_content_encoding_reaches_an_upstream(tmp_path):
     with (
         Recorder() as upstream,
-        Nginx([upstream.http_url], [upstream.grpc_url], log_path=tmp_path / "n.log") as nginx,
+        Nginx(Gateway(Upstreams.of(upstream)), log_path=tmp_path / "n.log") as nginx,
     ):
         infer = f"/v2/models/{classification.ENSEMBLE}/infer"
         # identity is no encoding; a second header of the name is not what nginx checks.

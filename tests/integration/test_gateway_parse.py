@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from bench.harness.pki import make_pki
 from gateway import shaping
-from gateway.nginx.config import TLS
+from gateway.nginx.config import TLS, Gateway, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from gateway.served import SERVED
 from pipelines import classification, embedding
@@ -72,9 +72,8 @@ def gateway(request, server, pki, nginx_binary, tmp_path_factory):
     """The gateway (plain, or over TLS on both ports) with buckets for every served model."""
     tls = TLS(str(pki.certificate), str(pki.key)) if request.param == "tls" else None
     log_path = tmp_path_factory.mktemp("parse") / "nginx.log"
-    with Nginx(
-        [server.http_url], [server.grpc_url], limits=LIMITS, log_path=log_path, tls=tls
-    ) as nginx:
+    gateway = Gateway(Upstreams.of(server), shaping=Shaping(LIMITS), tls=tls)
+    with Nginx(gateway, log_path=log_path) as nginx:
         yield nginx
 
 
@@ -82,7 +81,7 @@ def gateway(request, server, pki, nginx_binary, tmp_path_factory):
 def plain(server, nginx_binary, tmp_path_factory):
     """A plain-text gateway, for the property tests (the TLS one runs the same script)."""
     log_path = tmp_path_factory.mktemp("parse-plain") / "nginx.log"
-    with Nginx([server.http_url], [server.grpc_url], limits=LIMITS, log_path=log_path) as nginx:
+    with Nginx(Gateway(Upstreams.of(server), shaping=Shaping(LIMITS)), log_path=log_path) as nginx:
         yield nginx
 
 

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from bench.harness.pki import Pki, make_pki
 from client.embed import EmbedClient
-from gateway.nginx.config import TLS, OpenAI
+from gateway.nginx.config import TLS, Gateway, OpenAI, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding
 
@@ -43,9 +43,8 @@ def pki(tmp_path_factory) -> Pki:
 def gateway(server, pki, tmp_path_factory):
     tls = TLS(str(pki.certificate), str(pki.key))
     log_path = tmp_path_factory.mktemp("tls") / "nginx.log"
-    with Nginx(
-        [server.http_url], [server.grpc_url], openai=OpenAI(), tls=tls, log_path=log_path
-    ) as nginx:
+    gateway = Gateway(Upstreams.of(server), openai=OpenAI(), tls=tls)
+    with Nginx(gateway, log_path=log_path) as nginx:
         yield nginx
 
 

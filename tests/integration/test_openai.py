@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 from client.embed import EmbedClient
 from gateway import shaping
 from gateway.metrics import ShapingMetrics, count_line
-from gateway.nginx.config import OpenAI
+from gateway.nginx.config import Gateway, OpenAI, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding, tokenization
 from server import Server, ServerConfig
@@ -85,9 +85,8 @@ def server(encoder_onnx, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gateway(server, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("openai") / "nginx.log"
-    with Nginx(
-        [server.http_url], [server.grpc_url], limits=LIMITS, openai=OpenAI(), log_path=log_path
-    ) as nginx:
+    gateway = Gateway(Upstreams.of(server), shaping=Shaping(LIMITS), openai=OpenAI())
+    with Nginx(gateway, log_path=log_path) as nginx:
         yield nginx
 
 
@@ -347,9 +346,9 @@ def test_503_while_the_model_is_not_loaded_and_200_once_it_is(server, gateway):
 
 
 def test_503_when_no_server_answers(tmp_path):
-    dead = ["127.0.0.1:1"]
+    dead = Upstreams(("127.0.0.1:1",), ("127.0.0.1:1",))
     with (
-        Nginx(dead, dead, openai=OpenAI(), log_path=tmp_path / "n.log") as down,
+        Nginx(Gateway(dead, openai=OpenAI()), log_path=tmp_path / "n.log") as down,
         pytest.raises(openai.InternalServerError) as err,
     ):
         sdk(down).embeddings.create(model="embed", input="anyone?")

@@ -37,7 +37,7 @@ import model_config
 from client.embed import EmbedClient, build_inputs
 from gateway import shadow, shaping
 from gateway.metrics import ShapingLogExporter
-from gateway.nginx.config import USER_ID_HEADER, OpenAI
+from gateway.nginx.config import USER_ID_HEADER, Gateway, OpenAI, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from gateway.nginx.rollout import CANARY, STABLE, Rollout, Shares
 from paths import MODEL_REPOSITORY, REPO_ROOT
@@ -163,7 +163,7 @@ def gateway(server, canary, comparator, tmp_path_factory):
     rollout = Rollout(*canaries, shares, shadow=comparator[1], sample=SAMPLE)
     log_path = tmp_path_factory.mktemp("nginx") / "nginx.log"
     with Nginx(
-        [server.http_url], [server.grpc_url], openai=OpenAI(), canary=rollout, log_path=log_path
+        Gateway(Upstreams.of(server), openai=OpenAI(), rollout=rollout), log_path=log_path
     ) as nginx:
         exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1).start()
         address, stop = serve_metrics(exporter.registry)
@@ -473,14 +473,10 @@ def test_only_admitted_openai_calls_reach_the_comparator(server, canary, tmp_pat
         rollout = Rollout(
             (canary.http_url,), (canary.grpc_url,), shares, shadow=copies, sample=SAMPLE
         )
-        with Nginx(
-            [server.http_url],
-            [server.grpc_url],
-            limits=limits,
-            openai=OpenAI(),
-            canary=rollout,
-            log_path=tmp_path / "nginx.log",
-        ) as nginx:
+        gateway = Gateway(
+            Upstreams.of(server), shaping=Shaping(limits), openai=OpenAI(), rollout=rollout
+        )
+        with Nginx(gateway, log_path=tmp_path / "nginx.log") as nginx:
 
             def call(key: str | None, texts, model=embedding.ENSEMBLE, **headers) -> int:
                 body = json.dumps({"model": model, "input": texts}).encode()

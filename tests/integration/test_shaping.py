@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -48,6 +48,7 @@ from tritonclient.utils import InferenceServerException
 from client.embed import build_inputs
 from gateway import shaping
 from gateway.metrics import ShapingLogExporter
+from gateway.nginx.config import Clients, Gateway, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding
 from server import Server, ServerConfig
@@ -161,13 +162,12 @@ def servers(encoder_onnx, tmp_path_factory):
 def gateway(servers, nginx_binary, tmp_path_factory):
     """The shaped nginx with its exporter, and the control: nginx with the flood unshaped."""
     logs = tmp_path_factory.mktemp("nginx")
-    http, grpc = [s.http_url for s in servers], [s.grpc_url for s in servers]
     # Every client of this test is 127.0.0.1: room for the flood's and the calm tenant's
     # requests at once, so that only the buckets refuse.
-    conns = 4 * FLOOD_WORKERS
-    nginx = Nginx(http, grpc, limits=LIMITS, log_path=logs / "nginx.log", conns_per_client=conns)
+    shaped = Gateway(Upstreams.of(*servers), clients=Clients(conns_per_client=4 * FLOOD_WORKERS))
+    nginx = Nginx(replace(shaped, shaping=Shaping(LIMITS)), log_path=logs / "nginx.log")
     unshaped = Nginx(
-        http, grpc, limits=UNSHAPED, log_path=logs / "nginx-unshaped.log", conns_per_client=conns
+        replace(shaped, shaping=Shaping(UNSHAPED)), log_path=logs / "nginx-unshaped.log"
     )
     with nginx, unshaped:
         exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1)

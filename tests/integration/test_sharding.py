@@ -420,7 +420,7 @@ def nginx_sender(protocol: str, url: str):
 def test_nginx_shards_by_user_header_and_survives_a_dead_upstream(cluster, nginx_binary, protocol):
     cluster.ensure_all_up()
     servers = [cluster.servers[n] for n in NAMES]
-    proxy = Nginx([s.http_url for s in servers], [s.grpc_url for s in servers])
+    proxy = Nginx(Gateway(Upstreams.of(*servers)))
     with proxy:
         url = proxy.http_url if protocol == "http" else proxy.grpc_url
         send = nginx_sender(protocol, url)

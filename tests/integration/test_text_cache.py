@@ -232,6 +232,7 @@ LAYERS = {"model": "tokenize_encode", "version": "1"}
 @pytest.fixture(scope="module")
 def replicas(encoder_onnx):
     """A Redis, two tritonservers (embed only) sharing it, and nginx in front of both."""
+    from gateway.nginx.config import Gateway, Upstreams
     from gateway.nginx.process import Nginx
     from server import Server, ServerConfig
 
@@ -244,8 +245,7 @@ def replicas(encoder_onnx):
                 extra_args=["--model-control-mode=explicit", "--load-model=embed"],
             )  # fmt: skip
             servers.append(stack.enter_context(Server(config)))
-        urls = ([s.http_url for s in servers], [s.grpc_url for s in servers])
-        nginx = stack.enter_context(Nginx(*urls))
+        nginx = stack.enter_context(Nginx(Gateway(Upstreams.of(*servers))))
         state = {"redis": cache_server, "servers": servers, "nginx": nginx}
         # A test that restarts Redis puts the new one here: it is stopped with the rest.
         stack.callback(lambda: state["redis"] is not cache_server and state["redis"].stop())

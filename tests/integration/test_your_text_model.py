@@ -121,12 +121,12 @@ def test_openais_sdk_gets_its_vectors_through_the_gateway(served, saved, reposit
     """The gateway lists the service under its name and answers OpenAI's embeddings API."""
     import openai
 
-    from gateway.nginx.config import OpenAI
+    from gateway.nginx.config import Gateway, OpenAI, Upstreams
     from gateway.nginx.process import Nginx
 
     texts = TEXTS[:6]
     api = OpenAI.of_repository(repository)
-    with Nginx([served.http_url], [served.grpc_url], openai=api, log_path=tmp_path / "n.log") as n:
+    with Nginx(Gateway(Upstreams.of(served), openai=api), log_path=tmp_path / "n.log") as n:
         sdk = openai.OpenAI(base_url=f"http://{n.http_url}/v1", api_key="none", max_retries=0)
         assert NAME in [m.id for m in sdk.models.list().data]
         answer = sdk.embeddings.create(model=NAME, input=texts)
