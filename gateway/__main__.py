@@ -122,7 +122,8 @@ def banner(nginx: Nginx, limits: Path | None) -> str:
         shares = ", ".join(f"{m} {p:g}%" for m, p in nginx.gateway.rollout.shares.models)
         lines += (
             f"  rollout  to {', '.join(nginx.gateway.rollout.http)}: {shares or 'no model yet'}; "
-            f"move: python -m gateway.nginx rollout --file {nginx.rollout_path} MODEL=PERCENT\n"
+            f"move: python -m gateway.nginx rollout --shares-file {nginx.shares_file} "
+            "MODEL=PERCENT\n"
         )
     return lines
 

@@ -7,8 +7,8 @@ gateway's rollout (``gateway/nginx/rollout.py``).
         --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
         --limits docker/nginx/limits.toml > nginx.conf
     python -m gateway.nginx render ... --canary-http triton-v2:8000 --canary-grpc triton-v2:8001 \
-        --rollout embed=0 --rollout-out /etc/nginx/rollout.json > nginx.conf
-    python -m gateway.nginx rollout --file /etc/nginx/rollout.json embed=5
+        --rollout embed=0 --shares-file /etc/nginx/rollout.json > nginx.conf
+    python -m gateway.nginx rollout --shares-file /etc/nginx/rollout.json embed=5
 
 The deployments (docker/docker-compose.yml, docker/kubernetes/gateway.yaml) render theirs so,
 inside the image.
@@ -88,14 +88,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--tls-key", help="PEM private key of --tls-cert")
     rollout.add_arguments(r)
     r.add_argument(
-        "--rollout-out",
+        "--shares-file",
         type=Path,
-        help=f"a rollout's shares file ({rollout.ROLLOUT_FILE}): written there, and read there by "
+        help=f"a rollout's shares file ({rollout.SHARES_FILE}): written there, and read there by "
         "nginx, so give the path nginx will see",
     )
     m = sub.add_parser("rollout", help="move a rollout's shares on a running gateway")
     m.add_argument(
-        "--file", type=Path, required=True, help=f"the running gateway's {rollout.ROLLOUT_FILE}"
+        "--shares-file", type=Path, required=True, help="the running gateway's shares file"
     )
     m.add_argument("shares", nargs="+", type=rollout.parse_share, metavar="MODEL=PERCENT")
     how = m.add_mutually_exclusive_group()
@@ -125,14 +125,14 @@ def gateway(args: argparse.Namespace) -> config.Gateway:
         shaping=config.Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
         openai=config.OpenAI() if args.openai else None,
         tls=config.TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
-        rollout=rollout.from_args(args, args.rollout_out),
+        rollout=rollout.from_args(args, args.shares_file),
     )
 
 
 def move(args: argparse.Namespace) -> int:
     """``rollout``: move the shares, print what changed; 1 if they were refused."""
     try:
-        before, after = rollout.move(args.file, dict(args.shares), args.sticky)
+        before, after = rollout.move(args.shares_file, dict(args.shares), args.sticky)
     except (ValueError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -158,10 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     text = config.render(context)
     if context.rollout is not None:
-        if args.rollout_out is None:
-            print(f"a rollout needs --rollout-out ({rollout.ROLLOUT_FILE})", file=sys.stderr)
+        if args.shares_file is None:
+            print(f"a rollout needs --shares-file ({rollout.SHARES_FILE})", file=sys.stderr)
             return 2
-        rollout.write(args.rollout_out, context.rollout.shares)
+        rollout.write(args.shares_file, context.rollout.shares)
     if args.check:
         try:
             config.check_config(text)

@@ -25,7 +25,7 @@ class Nginx(ManagedProcess):
 
     Takes the gateway's config whole (``gateway.nginx.config.Gateway``), as ``render`` does.
     At start, listen ports of 0 become free ones, a rollout's shares file goes in the prefix
-    (``python -m gateway.nginx rollout --file`` with ``rollout_path`` moves its shares), and
+    (``python -m gateway.nginx rollout --shares-file`` with ``shares_file`` moves its shares), and
     nginx started as root keeps its workers as that user; ``gateway`` is then the config as
     rendered.
 
@@ -86,11 +86,11 @@ class Nginx(ManagedProcess):
         return self.prefix / config.SHAPING_LOG
 
     @property
-    def rollout_path(self) -> Path:
+    def shares_file(self) -> Path:
         """A rollout's shares file (inside the prefix): what ``gateway.nginx.rollout`` moves."""
         if self.prefix is None:
             raise RuntimeError("nginx has not been prepared yet")
-        return self.prefix / rollout.ROLLOUT_FILE
+        return self.prefix / rollout.SHARES_FILE
 
     @property
     def config_path(self) -> Path:
@@ -117,9 +117,9 @@ class Nginx(ManagedProcess):
         (self.prefix / "tmp").mkdir()
         self.shaping_log.parent.mkdir()
         if self.gateway.rollout is not None:
-            canary = replace(self.gateway.rollout, shares_file=str(self.rollout_path))
+            canary = replace(self.gateway.rollout, shares_file=str(self.shares_file))
             self.gateway = replace(self.gateway, rollout=canary)
-            rollout.write(self.rollout_path, canary.shares)
+            rollout.write(self.shares_file, canary.shares)
         self.config_path.write_text(config.render(self.gateway))
 
     def command(self) -> list[str]:

@@ -1,14 +1,14 @@
 """A rollout: its types, and moving its shares on a running gateway (its shares file).
 
 ``Rollout`` is the part of the gateway's config (``gateway.nginx.config.Gateway``) that sends a
-share of some models' requests to canary servers; ``Shares`` is what its file holds.
+share of some models' requests to canary servers; ``Shares`` is what its shares file holds.
 gateway/rollout.js reads the shares for every request, so a move is the new file put in place
 with a rename (atomic: a request reads the old shares or the new, never half of either).
 Nothing reloads: no worker is replaced and no client connection is closed, so no request is
 dropped, and a request that starts after ``move`` returns meets the new shares.
 
-    python -m gateway.nginx rollout --file PREFIX/rollout.json embed=5    # 5 % to the canary
-    python -m gateway.nginx rollout --file PREFIX/rollout.json embed=0    # all back
+    python -m gateway.nginx rollout --shares-file PREFIX/rollout.json embed=5  # 5 % to the canary
+    python -m gateway.nginx rollout --shares-file PREFIX/rollout.json embed=0  # all back
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gateway.served import SERVED
 
 __all__ = [
     "CANARY",
-    "ROLLOUT_FILE",
+    "SHARES_FILE",
     "STABLE",
     "Rollout",
     "Shares",
@@ -38,9 +38,9 @@ __all__ = [
 # The versions a request can go to in a rollout (its log line's "version").
 STABLE = "stable"
 CANARY = "canary"
-# A rollout's shares (JSON), which gateway/rollout.js reads for each request and a move
-# rewrites.
-ROLLOUT_FILE = "rollout.json"
+# The shares file: a rollout's shares (JSON), which gateway/rollout.js reads for each request
+# and a move rewrites. Its name where nothing else is given (nginx's prefix).
+SHARES_FILE = "rollout.json"
 
 
 def parse_share(text: str) -> tuple[str, float]:
@@ -58,7 +58,7 @@ def parse_share(text: str) -> tuple[str, float]:
 
 @dataclass(frozen=True)
 class Shares:
-    """Each model's share of requests sent to a rollout's canary servers (``rollout.json``).
+    """Each model's share of requests sent to a rollout's canary servers: its shares file.
 
     Each request of a model with a share goes to the canary with that probability (the first
     bits of its random request id), or, ``sticky``, every request of one tenant (with
@@ -122,7 +122,7 @@ class Rollout:
     http: tuple[str, ...]
     grpc: tuple[str, ...]
     shares: Shares = Shares()
-    shares_file: str = ROLLOUT_FILE
+    shares_file: str = SHARES_FILE
     shadow: str | None = None
     sample: float = 1.0
 
@@ -211,5 +211,5 @@ def from_args(args: argparse.Namespace, shares_file: Path | None = None) -> Roll
         return None
     shares = Shares(tuple(args.rollout), args.sticky)
     canaries = (tuple(args.canary_http), tuple(args.canary_grpc))
-    where = str(shares_file.resolve()) if shares_file else ROLLOUT_FILE
+    where = str(shares_file.resolve()) if shares_file else SHARES_FILE
     return Rollout(*canaries, shares, shares_file=where, shadow=args.shadow, sample=args.sample)

@@ -244,7 +244,14 @@ def openai_sender(nginx, versions):
 
 def move(nginx: Nginx, *shares: str, sticky: bool = False) -> str:
     """The operator's command, as a subprocess: ``python -m gateway.nginx rollout``."""
-    command = [sys.executable, "-m", "gateway.nginx", "rollout", "--file", str(nginx.rollout_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "gateway.nginx",
+        "rollout",
+        "--shares-file",
+        str(nginx.shares_file),
+    ]
     command += [*shares, "--sticky" if sticky else "--per-request"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr

@@ -105,7 +105,7 @@ def test_a_rollout_picks_the_servers_of_each_request_s_version():
     assert text.count("mirror /_rollout_shadow;") == 2
     assert text.count("set $openai_shadow /_rollout_shadow;") == 1
     assert '"version":"$rollout_version"' in text
-    assert f'js_var $rollout_file "{rollout.ROLLOUT_FILE}";' in text
+    assert f'js_var $rollout_file "{rollout.SHARES_FILE}";' in text
     assert "js_set $rollout_version rollout.version;" in text
     plain = config.render(VARIANTS["plain"])
     assert "rollout" not in plain and "$http_servers" not in plain
@@ -117,7 +117,7 @@ def test_shares_are_written_whole_and_moved(tmp_path):
         "models": {"embed": 0.5, "classify": 0, "embed_int8": 100},
         "sticky": False,
     }
-    path = tmp_path / rollout.ROLLOUT_FILE
+    path = tmp_path / rollout.SHARES_FILE
     rollout.write(path, shares)
     before, after = rollout.move(path, {"classify": 50}, sticky=True)
     assert before == shares and rollout.current(path) == after
