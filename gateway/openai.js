@@ -272,7 +272,7 @@ async function embeddings(r) {
             throw new ApiError(405, 'use POST for /v1/embeddings');
         }
         const named = scanModel(r);
-        // For the buckets and the shaping log: one of the served ids, or none.
+        // For the buckets and the access log: one of the served ids, or none.
         r.variables.openai_model = modelList(r).indexOf(named) < 0 ? '' : named;
         if (r.variables.openai_shaping === '1') {
             const shaped = await r.subrequest(INFER + named + '/shape');

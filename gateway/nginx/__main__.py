@@ -104,9 +104,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--per-request", dest="sticky", action="store_false", help="per request from now"
     )
     r.add_argument(
-        "--shaping-log",
-        default=config.SHAPING_LOG,
-        help=f"where nginx writes a JSON line per shaped request (default {config.SHAPING_LOG})",
+        "--access-log",
+        default=config.ACCESS_LOG,
+        help="where nginx writes a JSON line per inference request, with --limits or a rollout "
+        f"(default {config.ACCESS_LOG}, under nginx's prefix)",
     )
     return parser.parse_args(argv)
 
@@ -121,8 +122,8 @@ def gateway(args: argparse.Namespace) -> config.Gateway:
             conns_per_client=args.conns_per_client,
             operators=tuple(args.operator),
         ),
-        config.Runtime(args.workers, args.user, args.js_module, args.js_dir),
-        shaping=config.Shaping(load_limits(args.limits), args.shaping_log) if args.limits else None,
+        config.Runtime(args.workers, args.user, args.js_module, args.js_dir, args.access_log),
+        shaping=config.Shaping(load_limits(args.limits)) if args.limits else None,
         openai=config.OpenAI() if args.openai else None,
         tls=config.TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
         rollout=rollout.from_args(args, args.shares_file),

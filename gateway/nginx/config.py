@@ -36,12 +36,12 @@ from gateway.shaping import Limit, Limits
 from pipelines import embedding
 
 __all__ = [
+    "ACCESS_LOG",
     "ENCODING_REFUSED",
     "OVERLOADED",
     "SCRIPTS",
     "SCRIPTS_DIR",
     "SHADOW_IDLE_S",
-    "SHAPING_LOG",
     "TLS",
     "USER_ID_HEADER",
     "Clients",
@@ -63,8 +63,9 @@ TEMPLATE = Path(__file__).with_name("nginx.conf.j2")
 # always, OpenAI's API with ``openai``, each request's version with a ``rollout``.
 SCRIPTS_DIR = Path(__file__).parents[1]
 SCRIPTS = ("grpc.js", "openai.js", "rollout.js")
-# One JSON line per shaped request (gateway/metrics.py counts them), under the prefix.
-SHAPING_LOG = "logs/shaping.log"
+# The access log: a JSON line per inference request, with shaping or a rollout (its format:
+# parts/access_log.j2; gateway/metrics.py counts its lines). Under nginx's prefix.
+ACCESS_LOG = "logs/shaping.log"
 # Inference over HTTP (the model is in the path); gRPC's is in the body (gateway/grpc.js).
 HTTP_INFER = r"^/v2/models/(?<model_name>" + "|".join(SERVED) + r")(/versions/[0-9]+)?/infer$"
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -214,19 +215,22 @@ class Clients:
 
 @dataclass(frozen=True)
 class Runtime:
-    """How nginx itself runs: its workers, its user, and where it finds njs and the scripts.
+    """How nginx itself runs: workers, user, where it finds njs and the scripts and logs.
 
     Attributes:
         workers: nginx worker processes (``auto``: one per core).
         user: the ``user`` directive (only meaningful when nginx starts as root); None: none.
         js_module: nginx's njs module where nginx runs; None: the one found here.
         js_dir: the folder holding the scripts (``SCRIPTS``), as nginx will see it.
+        access_log: where nginx writes the access log, when it writes one
+            (``Gateway.access_log``); a relative path is under nginx's prefix.
     """
 
     workers: int | str = "auto"
     user: str | None = None
     js_module: str | None = None
     js_dir: str = str(SCRIPTS_DIR)
+    access_log: str = ACCESS_LOG
 
     @property
     def load_module(self) -> str:
@@ -297,16 +301,13 @@ class Shaping:
 
     A request over its tenant's or its model's rate gets HTTP 429 with ``Retry-After`` (gRPC
     ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata), and every shaped request is a JSON
-    line in the shaping log, which ``python -m gateway.metrics`` turns into Prometheus counters.
+    line in the access log, which ``python -m gateway.metrics`` turns into Prometheus counters.
 
     Attributes:
         limits: the buckets, and the header that carries a tenant's API key.
-        log: where nginx writes a JSON line per shaped request (relative paths are under nginx's
-            prefix).
     """
 
     limits: Limits
-    log: str = SHAPING_LOG
 
     @property
     def header_variable(self) -> str:
@@ -471,14 +472,15 @@ class Gateway:
     rollout: Rollout | None = None
 
     @property
-    def request_log(self) -> str | None:
-        """The JSON line log of inference requests that ``gateway.metrics`` reads; None: none.
+    def access_log(self) -> str | None:
+        """The access log (``Runtime.access_log``), that ``gateway.metrics`` reads; None: none.
 
-        Written with shaping, or with a rollout (each line names the request's version).
+        A JSON line per inference request, written with shaping or with a rollout (each line
+        names the request's version then).
         """
-        if self.shaping is not None:
-            return self.shaping.log
-        return SHAPING_LOG if self.rollout is not None else None
+        if self.shaping is None and self.rollout is None:
+            return None
+        return self.runtime.access_log
 
 
 _TEMPLATES = jinja2.Environment(
@@ -507,7 +509,7 @@ def render(gateway: Gateway) -> str:
     """
     template = _TEMPLATES.get_template(TEMPLATE.name)
     context = {f.name: getattr(gateway, f.name) for f in fields(gateway)}
-    return template.render(context, request_log=gateway.request_log)
+    return template.render(context, access_log=gateway.access_log)
 
 
 def check_config(text: str, nginx: str | None = None) -> None:

@@ -1,7 +1,7 @@
 """nginx in front of tritonservers as a managed process, for the tests and for local use.
 
 ``Nginx`` runs Debian's nginx as the current user from a temp prefix (pid, temp files, the
-rendered config and the shaping log there, nothing under /etc or /var).
+rendered config and the access log there, nothing under /etc or /var).
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ class Nginx(ManagedProcess):
         return f"{scheme}://{self.http_url}/nginx-ready"
 
     @property
-    def shaping_log(self) -> Path:
-        """The request log inside the prefix: a line per shaped request, or rollout request."""
+    def access_log(self) -> Path:
+        """The access log (in the prefix, unless given elsewhere): with shaping or a rollout."""
         if self.prefix is None:
             raise RuntimeError("nginx has not been prepared yet")
-        return self.prefix / config.SHAPING_LOG
+        return self.prefix / self.gateway.runtime.access_log
 
     @property
     def shares_file(self) -> Path:
@@ -115,7 +115,7 @@ class Nginx(ManagedProcess):
         self.gateway = replace(self.gateway, listen=listen, runtime=runtime)
         self.prefix = Path(tempfile.mkdtemp(prefix="nginx-"))
         (self.prefix / "tmp").mkdir()
-        self.shaping_log.parent.mkdir()
+        self.access_log.parent.mkdir(parents=True, exist_ok=True)
         if self.gateway.rollout is not None:
             canary = replace(self.gateway.rollout, shares_file=str(self.shares_file))
             self.gateway = replace(self.gateway, rollout=canary)

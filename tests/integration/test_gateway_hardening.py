@@ -285,10 +285,10 @@ class Recorder:
 
 
 def shaping_lines(nginx: Nginx, count: int) -> list[dict]:
-    """The last ``count`` lines of the shaping log (nginx writes one after each answer)."""
+    """The last ``count`` lines of the access log (nginx writes one after each answer)."""
     deadline = time.monotonic() + 10
     while True:
-        lines = nginx.shaping_log.read_text().splitlines()
+        lines = nginx.access_log.read_text().splitlines()
         if len(lines) >= count or time.monotonic() > deadline:
             return [json.loads(line) for line in lines[-count:]]
         time.sleep(0.05)

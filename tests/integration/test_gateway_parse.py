@@ -131,7 +131,7 @@ def text_request(model: str, text: bytes = b"a short sentence") -> service_pb2.M
 
 
 def shaping_lines(nginx: Nginx) -> list[dict]:
-    return [json.loads(line) for line in nginx.shaping_log.read_text().splitlines()]
+    return [json.loads(line) for line in nginx.access_log.read_text().splitlines()]
 
 
 def logged_after(nginx: Nginx, count: int) -> dict:

@@ -277,10 +277,10 @@ def test_a_call_of_many_texts_takes_one_token(gateway):
 
 
 def openai_counts(gateway) -> Counter:
-    """(tenant, model, outcome) → OpenAI calls counted from the gateway's whole shaping log."""
+    """(tenant, model, outcome) → OpenAI calls counted from the gateway's whole access log."""
     registry = CollectorRegistry()
     metrics = ShapingMetrics(registry)
-    for line in gateway.shaping_log.read_text().splitlines():
+    for line in gateway.access_log.read_text().splitlines():
         count_line(metrics, line)
     counts = Counter()
     for family in registry.collect():

@@ -157,7 +157,7 @@ def comparator(server, canary):
 @pytest.fixture(scope="module")
 def gateway(server, canary, comparator, tmp_path_factory):
     """nginx with the rollout of embed at 0 %, every request of it copied to the comparator,
-    and the exporter of its request log serving /metrics (its address last)."""
+    and the exporter of its access log serving /metrics (its address last)."""
     shares = Shares(((embedding.ENSEMBLE, 0),))
     canaries = ((canary.http_url,), (canary.grpc_url,))
     rollout = Rollout(*canaries, shares, shadow=comparator[1], sample=SAMPLE)
@@ -165,7 +165,7 @@ def gateway(server, canary, comparator, tmp_path_factory):
     with Nginx(
         Gateway(Upstreams.of(server), openai=OpenAI(), rollout=rollout), log_path=log_path
     ) as nginx:
-        exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1).start()
+        exporter = ShapingLogExporter(nginx.access_log, interval=0.1).start()
         address, stop = serve_metrics(exporter.registry)
         try:
             yield nginx, exporter, address
@@ -244,15 +244,9 @@ def openai_sender(nginx, versions):
 
 def move(nginx: Nginx, *shares: str, sticky: bool = False) -> str:
     """The operator's command, as a subprocess: ``python -m gateway.nginx rollout``."""
-    command = [
-        sys.executable,
-        "-m",
-        "gateway.nginx",
-        "rollout",
-        "--shares-file",
-        str(nginx.shares_file),
-    ]
-    command += [*shares, "--sticky" if sticky else "--per-request"]
+    command = [sys.executable, "-m", "gateway.nginx", "rollout"]
+    command += ["--shares-file", str(nginx.shares_file), *shares]
+    command.append("--sticky" if sticky else "--per-request")
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -170,7 +170,7 @@ def gateway(servers, nginx_binary, tmp_path_factory):
         replace(shaped, shaping=Shaping(UNSHAPED)), log_path=logs / "nginx-unshaped.log"
     )
     with nginx, unshaped:
-        exporter = ShapingLogExporter(nginx.shaping_log, interval=0.1)
+        exporter = ShapingLogExporter(nginx.access_log, interval=0.1)
         with exporter:
             yield nginx, exporter, unshaped
 
@@ -432,7 +432,7 @@ def test_nginx_holds_a_flood_to_its_bucket_and_spares_the_calm_tenant(gateway, b
         for client in clients:
             client.close()
     check(run, limit, shares_step=shared)
-    # Prometheus sees every refusal (the exporter reads nginx's shaping log).
+    # Prometheus sees every refusal (the exporter reads nginx's access log).
     deadline = time.monotonic() + 10
     while metric(exporter, tenant, model, "refused") - before < run.shaped_flood.refused:
         assert time.monotonic() < deadline, "the exporter did not count every refusal"
