@@ -2,7 +2,7 @@
 
 ``docker/nginx/limits.toml`` sets a rate and a capacity for every tenant and every model. nginx
 enforces it with ``limit_req`` (``gateway/nginx/`` renders the zones); this module reads and
-checks the file and names the counter that ``gateway/metrics.py`` keeps of nginx's decisions.
+checks the file (``gateway/access_log.py`` counts nginx's decisions).
 
 A bucket holds at most ``capacity`` tokens and gains ``rate`` tokens a second; it starts full.
 A request takes one token from its tenant's bucket and one from its model's; when either is
@@ -35,11 +35,7 @@ except ModuleNotFoundError:  # Python 3.10 (the NGC container): the same parser 
 
 __all__ = [
     "ANONYMOUS",
-    "DURATION_BUCKETS",
-    "DURATION_METRIC",
     "LIMITS",
-    "METRIC",
-    "UPSTREAM_METRIC",
     "Limit",
     "Limits",
     "load_limits",
@@ -50,26 +46,6 @@ __all__ = [
 LIMITS = REPO_ROOT / "docker" / "nginx" / "limits.toml"
 ANONYMOUS = "anonymous"
 DEFAULT_HEADER = "X-Api-Key"
-# The Prometheus counter of nginx's shaping (gateway/metrics.py): requests by gateway, tenant,
-# model, protocol, outcome and version (a rollout's stable or canary; "", no label, without one).
-METRIC = "gateway_requests"
-METRIC_HELP = "Inference requests seen by the gateway's traffic shaping, by outcome."
-LABELS = ("gateway", "tenant", "model", "protocol", "outcome", "version")
-ADMITTED = "admitted"
-REFUSED = "refused"
-# Admitted, and answered with a server error (5xx: Triton's, or none answered the gateway).
-FAILED = "failed"
-# Histograms of each admitted request's time, from the same log: nginx's $request_time (first
-# byte read to last byte sent) and $upstream_response_time (the time Triton took, as nginx saw
-# it), by tenant, model and version. The latency objectives (docker/prometheus/slos.yml) count
-# requests under a bound, so every bound they name must be one of these buckets (monitoring
-# checks it).
-DURATION_METRIC = "gateway_request_duration_seconds"
-DURATION_HELP = "Time of each admitted inference request at the gateway ($request_time)."
-UPSTREAM_METRIC = "gateway_upstream_duration_seconds"
-UPSTREAM_HELP = "Time Triton took for each admitted request, as nginx saw it."
-DURATION_LABELS = ("gateway", "tenant", "model", "version")
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Names become nginx zone and variable names: keep them to what both accept.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # Keys are written into nginx's config inside double quotes.

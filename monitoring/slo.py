@@ -8,7 +8,7 @@ file Prometheus loads (``docker/prometheus/slo-rules.yml``, committed; a test ch
   counters (``nv_inference_request_success`` and ``nv_inference_request_failure``, every
   failure reason: a request shed by a queue policy is a failed request to its caller);
 - **latency**: the share of admitted requests the gateway answers within a bound, from its
-  histogram (``gateway_request_duration_seconds``, ``gateway/metrics.py``): the bucket at
+  histogram (``gateway_request_duration_seconds``, ``gateway/access_log.py``): the bucket at
   the bound ÷ all of them.
 
 Every objective gets the same recorded series, told apart by their ``slo`` label:
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway import shaping
+from gateway import access_log
 from paths import DOCKER
 
 SLOS = DOCKER / "prometheus" / "slos.yml"
@@ -144,7 +144,7 @@ class Objective:
                 f"sum by (model) (rate({SUCCESS}{{{model}}}[{window}]))"
                 f" + sum by (model) (rate({FAILURE}{{{model}}}[{window}]))"
             )
-        return f"sum by (model) (rate({shaping.DURATION_METRIC}_count{{{model}}}[{window}]))"
+        return f"sum by (model) (rate({access_log.DURATION_METRIC}_count{{{model}}}[{window}]))"
 
     def errors(self, window: str) -> str:
         """PromQL: the share of bad events over ``window`` (no result without events)."""
@@ -154,7 +154,7 @@ class Objective:
                 f"sum by (model) (rate({FAILURE}{{{model}}}[{window}]))\n/\n({self.events(window)})"
             )
         le = bucket_label(self.under_ms / 1000)
-        bucket = f'{shaping.DURATION_METRIC}_bucket{{{model},le="{le}"}}'
+        bucket = f'{access_log.DURATION_METRIC}_bucket{{{model},le="{le}"}}'
         good = f"sum by (model) (rate({bucket}[{window}]))"
         return f"1 - (\n  {good}\n  /\n  {self.events(window)}\n)"
 
@@ -190,10 +190,10 @@ def load(path: Path = SLOS) -> Slos:
                 if set(value) != {"percent", "under_ms"}:
                     raise ValueError(f"{path}: {model} latency needs percent and under_ms")
                 objective = Objective(model, kind, float(value["percent"]), value["under_ms"])
-                if value["under_ms"] / 1000 not in shaping.DURATION_BUCKETS:
+                if value["under_ms"] / 1000 not in access_log.DURATION_BUCKETS:
                     raise ValueError(
                         f"{path}: {model} latency bound {value['under_ms']} ms is not a bucket "
-                        f"of {shaping.DURATION_METRIC}: {shaping.DURATION_BUCKETS} s"
+                        f"of {access_log.DURATION_METRIC}: {access_log.DURATION_BUCKETS} s"
                     )
             else:
                 raise ValueError(f"{path}: {model}: unknown objective kind {kind!r}")

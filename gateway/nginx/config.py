@@ -64,7 +64,7 @@ TEMPLATE = Path(__file__).with_name("nginx.conf.j2")
 SCRIPTS_DIR = Path(__file__).parents[1]
 SCRIPTS = ("grpc.js", "openai.js", "rollout.js")
 # The access log: a JSON line per inference request, with shaping or a rollout (its format:
-# parts/access_log.j2; gateway/metrics.py counts its lines). Under nginx's prefix.
+# parts/access_log.j2; gateway/access_log.py counts its lines). Under nginx's prefix.
 ACCESS_LOG = "logs/shaping.log"
 # Inference over HTTP (the model is in the path); gRPC's is in the body (gateway/grpc.js).
 HTTP_INFER = r"^/v2/models/(?<model_name>" + "|".join(SERVED) + r")(/versions/[0-9]+)?/infer$"
@@ -301,7 +301,7 @@ class Shaping:
 
     A request over its tenant's or its model's rate gets HTTP 429 with ``Retry-After`` (gRPC
     ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata), and every shaped request is a JSON
-    line in the access log, which ``python -m gateway.metrics`` turns into Prometheus counters.
+    line in the access log, which ``python -m gateway.access_log`` turns into Prometheus counters.
 
     Attributes:
         limits: the buckets, and the header that carries a tenant's API key.
@@ -473,7 +473,7 @@ class Gateway:
 
     @property
     def access_log(self) -> str | None:
-        """The access log (``Runtime.access_log``), that ``gateway.metrics`` reads; None: none.
+        """The access log (``Runtime.access_log``), that ``gateway.access_log`` reads; None: none.
 
         A JSON line per inference request, written with shaping or with a rollout (each line
         names the request's version then).

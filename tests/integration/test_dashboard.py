@@ -1,7 +1,7 @@
 """The Grafana dashboard and the alert rules against a real tritonserver's /metrics.
 
 Every metric a panel, a dashboard variable or a rule names must be one that our running server
-or the gateway's shaping exporter (``gateway/metrics.py``) exports, or one the SLO rules record;
+or the gateway's exporter (``gateway/access_log.py``) exports, or one the SLO rules record;
 a real Prometheus then scrapes both, evaluates the alert and SLO rules, and every dashboard query.
 
 GPU metrics cannot come from this machine's server (no GPU): they are checked against a GPU
@@ -28,7 +28,7 @@ from prometheus_client import generate_latest, start_http_server
 
 import model_config
 from client.embed import EmbedClient
-from gateway.metrics import ShapingLogExporter
+from gateway.access_log import AccessLogExporter
 from monitoring import slo
 from paths import MODEL_REPOSITORY
 from server.launcher import free_port
@@ -98,19 +98,19 @@ def metrics_page(server) -> str:
 
 @pytest.fixture(scope="module")
 def gateway_exporter(tmp_path_factory):
-    """The shaping exporter over a log of admitted and refused requests, serving /metrics."""
-    shaping_log = tmp_path_factory.mktemp("gateway") / "shaping.log"
+    """The gateway's exporter over a log of admitted and refused requests, serving /metrics."""
+    access_log = tmp_path_factory.mktemp("gateway") / "access.log"
     entry = (
         '{{"tenant":"team-a","model":"embed","protocol":"http","limit":"{}","status":"200",'
         '"request_time":"0.012","upstream_time":"0.010"}}\n'
     )
-    shaping_log.write_text(entry.format("PASSED") * 3 + entry.format("REJECTED"))
-    exporter = ShapingLogExporter(shaping_log, interval=0.1)
+    access_log.write_text(entry.format("PASSED") * 3 + entry.format("REJECTED"))
+    exporter = AccessLogExporter(access_log, interval=0.1)
     port = free_port()
     with exporter:
         http_server, thread = start_http_server(port, "127.0.0.1", registry=exporter.registry)
         try:
-            yield exporter, f"127.0.0.1:{port}", shaping_log, entry
+            yield exporter, f"127.0.0.1:{port}", access_log, entry
         finally:
             http_server.shutdown()
             thread.join(timeout=5)
@@ -219,10 +219,10 @@ def prometheus(server, gateway_exporter, tmp_path_factory):
                 pytest.fail(f"Prometheus did not scrape the server:\n{process.log_tail()}")
             time.sleep(0.5)
         # Traffic spread over several scrapes, so rates and ratios have two samples to work on.
-        _, _, shaping_log, entry = gateway_exporter
+        _, _, access_log, entry = gateway_exporter
         for i in range(6):
             send_traffic(server, repeats=2)
-            with shaping_log.open("a") as f:
+            with access_log.open("a") as f:
                 f.write(entry.format("PASSED") + entry.format("REJECTED") * (i % 2))
             time.sleep(SCRAPE_INTERVAL_S)
         yield process
@@ -255,7 +255,7 @@ def test_every_dashboard_query_returns_data_from_prometheus(prometheus):
 # Traffic whose ratios are known by construction: FRESH requests of TEXTS_PER_REQUEST new texts
 # each, sent one after another (each is one execute of TEXTS_PER_REQUEST items in each of embed's
 # steps: formed batch TEXTS_PER_REQUEST), then every one of them REPEATS more times (a
-# response-cache hit each: FRESH misses, FRESH * REPEATS hits); and shaping-log lines of which
+# response-cache hit each: FRESH misses, FRESH * REPEATS hits); and access log lines of which
 # REFUSED of SHAPED are refusals. An inverted or mixed-up formula gives another number.
 FRESH, TEXTS_PER_REQUEST, REPEATS = 4, 4, 3
 SHAPED, REFUSED = 10, 2
@@ -328,7 +328,7 @@ def scrapes_after(prometheus: Prometheus, moment: float) -> dict[str, float]:
         time.sleep(0.2)
 
 
-def send_known_traffic(server, shaping_log: Path, entry: str) -> None:
+def send_known_traffic(server, access_log: Path, entry: str) -> None:
     fresh = [
         [f"Batch {i} text {j}, {time.monotonic_ns()}." for j in range(TEXTS_PER_REQUEST)]
         for i in range(FRESH)
@@ -339,7 +339,7 @@ def send_known_traffic(server, shaping_log: Path, entry: str) -> None:
         for _ in range(REPEATS):
             for texts in fresh:
                 client.embed(texts)
-    with shaping_log.open("a") as f:
+    with access_log.open("a") as f:
         f.write(entry.format("PASSED") * (SHAPED - REFUSED) + entry.format("REJECTED") * REFUSED)
 
 
@@ -349,7 +349,7 @@ def test_dashboard_ratios_come_out_right_from_prometheus(server, gateway_exporte
     Each ratio is evaluated over a window holding exactly one scrape before the traffic and one
     after it, so it divides the counters' whole increase over the traffic and nothing else.
     """
-    exporter, _, shaping_log, entry = gateway_exporter
+    exporter, _, access_log, entry = gateway_exporter
     # Quiet first: no traffic from here on until a scrape of each job has stored the counters.
     while True:
         quiet = time.time()
@@ -357,7 +357,7 @@ def test_dashboard_ratios_come_out_right_from_prometheus(server, gateway_exporte
         first = scrapes_after(prometheus, quiet)
         if counters(server, exporter) == before:
             break
-    send_known_traffic(server, shaping_log, entry)
+    send_known_traffic(server, access_log, entry)
     steps = embed_steps(server)
     expected = {
         **{("nv_inference_count", step): FRESH * TEXTS_PER_REQUEST for step in steps},

@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
 from client.embed import EmbedClient
-from gateway import shaping
-from gateway.metrics import ShapingMetrics, count_line
+from gateway import access_log, shaping
+from gateway.access_log import AccessLogMetrics, count_line
 from gateway.nginx.config import Gateway, OpenAI, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding, tokenization
@@ -279,14 +279,14 @@ def test_a_call_of_many_texts_takes_one_token(gateway):
 def openai_counts(gateway) -> Counter:
     """(tenant, model, outcome) → OpenAI calls counted from the gateway's whole access log."""
     registry = CollectorRegistry()
-    metrics = ShapingMetrics(registry)
+    metrics = AccessLogMetrics(registry)
     for line in gateway.access_log.read_text().splitlines():
         count_line(metrics, line)
     counts = Counter()
     for family in registry.collect():
         for sample in family.samples:
             labels = sample.labels
-            if sample.name == f"{shaping.METRIC}_total" and labels["protocol"] == "openai":
+            if sample.name == f"{access_log.METRIC}_total" and labels["protocol"] == "openai":
                 counts[labels["tenant"], labels["model"], labels["outcome"]] += sample.value
     return counts
 
@@ -306,18 +306,18 @@ def test_the_gateway_counts_openai_calls_by_tenant_and_outcome(gateway):
     for i in range(sent):
         try:
             counted.embeddings.create(model="embed", input=f"counted tenant {i}")
-            seen[shaping.ADMITTED] += 1
+            seen[access_log.ADMITTED] += 1
         except openai.RateLimitError:
-            seen[shaping.REFUSED] += 1
+            seen[access_log.REFUSED] += 1
     elapsed = time.monotonic() - began
-    assert seen[shaping.ADMITTED] + seen[shaping.REFUSED] == sent
+    assert seen[access_log.ADMITTED] + seen[access_log.REFUSED] == sent
     # The bucket admits its capacity plus what it refilled meanwhile (nothing in under a minute).
-    assert seen[shaping.ADMITTED] <= COUNTED.capacity + COUNTED.rate * elapsed, (seen, elapsed)
-    assert seen[shaping.REFUSED] >= 1, seen
+    assert seen[access_log.ADMITTED] <= COUNTED.capacity + COUNTED.rate * elapsed, (seen, elapsed)
+    assert seen[access_log.REFUSED] >= 1, seen
     expected = {
-        ("anonymous", "embed_int8", shaping.ADMITTED): 3,
-        ("counted", "embed", shaping.ADMITTED): seen[shaping.ADMITTED],
-        ("counted", "embed", shaping.REFUSED): seen[shaping.REFUSED],
+        ("anonymous", "embed_int8", access_log.ADMITTED): 3,
+        ("counted", "embed", access_log.ADMITTED): seen[access_log.ADMITTED],
+        ("counted", "embed", access_log.REFUSED): seen[access_log.REFUSED],
     }
     # nginx logs a request after it has sent the answer: the last line may trail the client.
     deadline = time.monotonic() + 10

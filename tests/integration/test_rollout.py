@@ -36,7 +36,7 @@ from tritonclient.grpc import service_pb2
 import model_config
 from client.embed import EmbedClient, build_inputs
 from gateway import shadow, shaping
-from gateway.metrics import ShapingLogExporter
+from gateway.access_log import AccessLogExporter
 from gateway.nginx.config import USER_ID_HEADER, Gateway, OpenAI, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from gateway.nginx.rollout import CANARY, STABLE, Rollout, Shares
@@ -165,7 +165,7 @@ def gateway(server, canary, comparator, tmp_path_factory):
     with Nginx(
         Gateway(Upstreams.of(server), openai=OpenAI(), rollout=rollout), log_path=log_path
     ) as nginx:
-        exporter = ShapingLogExporter(nginx.access_log, interval=0.1).start()
+        exporter = AccessLogExporter(nginx.access_log, interval=0.1).start()
         address, stop = serve_metrics(exporter.registry)
         try:
             yield nginx, exporter, address
@@ -252,14 +252,14 @@ def move(nginx: Nginx, *shares: str, sticky: bool = False) -> str:
     return done.stdout
 
 
-def counted(exporter: ShapingLogExporter, version: str, protocol: str) -> float:
+def counted(exporter: AccessLogExporter, version: str, protocol: str) -> float:
     """The exporter's admitted embed requests of one version over one protocol."""
     labels = {"gateway": "nginx", "tenant": "anonymous", "model": embedding.ENSEMBLE}
     labels |= {"protocol": protocol, "outcome": "admitted", "version": version}
     return exporter.registry.get_sample_value("gateway_requests_total", labels) or 0.0
 
 
-def settled(exporter: ShapingLogExporter, total: float, protocols=("http", "grpc")) -> None:
+def settled(exporter: AccessLogExporter, total: float, protocols=("http", "grpc")) -> None:
     """Wait until the exporter has counted ``total`` requests of both versions."""
     deadline = time.monotonic() + 10
     while True:

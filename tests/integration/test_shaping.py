@@ -46,8 +46,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client.embed import build_inputs
-from gateway import shaping
-from gateway.metrics import ShapingLogExporter
+from gateway import access_log, shaping
+from gateway.access_log import AccessLogExporter
 from gateway.nginx.config import Clients, Gateway, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding
@@ -170,7 +170,7 @@ def gateway(servers, nginx_binary, tmp_path_factory):
         replace(shaped, shaping=Shaping(UNSHAPED)), log_path=logs / "nginx-unshaped.log"
     )
     with nginx, unshaped:
-        exporter = ShapingLogExporter(nginx.access_log, interval=0.1)
+        exporter = AccessLogExporter(nginx.access_log, interval=0.1)
         with exporter:
             yield nginx, exporter, unshaped
 
@@ -517,7 +517,7 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
 
     before = {
         (name, suffix): timed(name, suffix)
-        for name in (shaping.DURATION_METRIC, shaping.UPSTREAM_METRIC)
+        for name in (access_log.DURATION_METRIC, access_log.UPSTREAM_METRIC)
         for suffix in ("_count", "_sum")
     }
     sent, took = 0, 0.0
@@ -534,26 +534,27 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
             client.close()
     deadline = time.monotonic() + 10
     while (
-        timed(shaping.DURATION_METRIC, "_count") - before[shaping.DURATION_METRIC, "_count"] < sent
+        timed(access_log.DURATION_METRIC, "_count") - before[access_log.DURATION_METRIC, "_count"]
+        < sent
     ):
         assert time.monotonic() < deadline, "the exporter did not time every request"
         time.sleep(0.1)
     counted = {key: timed(*key) - value for key, value in before.items()}
-    assert counted[shaping.DURATION_METRIC, "_count"] == sent
-    assert counted[shaping.UPSTREAM_METRIC, "_count"] == sent
+    assert counted[access_log.DURATION_METRIC, "_count"] == sent
+    assert counted[access_log.UPSTREAM_METRIC, "_count"] == sent
     # nginx's own times: above zero, Triton's within the gateway's, both within the clients'.
     # nginx writes each to the millisecond, rounded separately: 1 ms per request either way.
-    gateway_s = counted[shaping.DURATION_METRIC, "_sum"]
-    triton_s = counted[shaping.UPSTREAM_METRIC, "_sum"]
+    gateway_s = counted[access_log.DURATION_METRIC, "_sum"]
+    triton_s = counted[access_log.UPSTREAM_METRIC, "_sum"]
     slack = 0.001 * sent
     assert 0 < triton_s <= gateway_s + slack, (triton_s, gateway_s)
     assert gateway_s <= took + slack, (gateway_s, took)
 
 
 def metric(
-    exporter: ShapingLogExporter, tenant: str, model: str, outcome: str, protocol: str = "http"
+    exporter: AccessLogExporter, tenant: str, model: str, outcome: str, protocol: str = "http"
 ) -> float:
     """The exporter's count of one tenant's requests to one model over one protocol."""
     labels = {"gateway": "nginx", "tenant": tenant, "protocol": protocol, "outcome": outcome}
     labels |= {"model": model, "version": ""}
-    return exporter.registry.get_sample_value(f"{shaping.METRIC}_total", labels) or 0.0
+    return exporter.registry.get_sample_value(f"{access_log.METRIC}_total", labels) or 0.0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway import shaping
+from gateway import access_log
 from gateway.served import SERVED
 from monitoring import slo
 from paths import DOCS
@@ -60,7 +60,7 @@ def test_every_objective_is_of_a_served_model_and_its_bound_a_gateway_bucket():
     assert {("embed", slo.AVAILABILITY), ("embed", slo.LATENCY)} <= kinds
     for o in objectives:
         if o.kind == slo.LATENCY:
-            assert o.under_ms / 1000 in shaping.DURATION_BUCKETS
+            assert o.under_ms / 1000 in access_log.DURATION_BUCKETS
 
 
 @pytest.mark.parametrize(

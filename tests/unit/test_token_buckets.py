@@ -10,8 +10,8 @@ import pytest
 import tomllib
 from prometheus_client import generate_latest
 
-from gateway import shaping
-from gateway.metrics import ShapingLogExporter
+from gateway import access_log, shaping
+from gateway.access_log import AccessLogExporter
 from gateway.nginx.config import Gateway, Listen, Shaping, Upstreams, check_config, render
 from gateway.shaping import LIMITS
 from tests.helpers import limits_with_secret_keys
@@ -110,9 +110,9 @@ def line(tenant: str, limit: str, model: str = "embed", protocol: str = "http") 
     return json.dumps({"msec": "1.0", **entry, "status": "200"}) + "\n"
 
 
-def count(exporter: ShapingLogExporter, tenant: str, outcome: str) -> float:
+def count(exporter: AccessLogExporter, tenant: str, outcome: str) -> float:
     value = exporter.registry.get_sample_value(
-        f"{shaping.METRIC}_total",
+        f"{access_log.METRIC}_total",
         {"gateway": "nginx", "tenant": tenant, "model": "embed", "protocol": "http",
          "outcome": outcome, "version": ""},
     )  # fmt: skip
@@ -121,7 +121,7 @@ def count(exporter: ShapingLogExporter, tenant: str, outcome: str) -> float:
 
 def test_the_exporter_counts_each_line_once_across_partial_writes(tmp_path):
     log = tmp_path / "shaping.log"
-    exporter = ShapingLogExporter(log)
+    exporter = AccessLogExporter(log)
     assert exporter.poll() == 0  # no file yet
     log.write_text(line("a", "PASSED") + line("a", "REJECTED") + line("a", "PASSED")[:20])
     assert exporter.poll() == 2
@@ -160,7 +160,7 @@ def test_the_exporter_times_admitted_requests_by_tenant_and_model(tmp_path):
         )
         + line("a", "PASSED")  # a line from before the times were logged
     )
-    exporter = ShapingLogExporter(log)
+    exporter = AccessLogExporter(log)
     assert exporter.poll() == 4
     labels = {"gateway": "nginx", "tenant": "a", "model": "embed", "version": ""}
 
@@ -168,18 +168,18 @@ def test_the_exporter_times_admitted_requests_by_tenant_and_model(tmp_path):
         return exporter.registry.get_sample_value(f"{name}{suffix}", {**labels, **extra})
 
     assert count(exporter, "a", "admitted") == 3 and count(exporter, "a", "refused") == 1
-    assert sample(shaping.DURATION_METRIC, "_count") == 2
-    assert sample(shaping.DURATION_METRIC, "_sum") == pytest.approx(0.33)
-    assert sample(shaping.DURATION_METRIC, "_bucket", le="0.05") == 1
-    assert sample(shaping.DURATION_METRIC, "_bucket", le="0.5") == 2
-    assert sample(shaping.UPSTREAM_METRIC, "_sum") == pytest.approx(0.32)
-    assert sample(shaping.UPSTREAM_METRIC, "_bucket", le="0.25") == 1
+    assert sample(access_log.DURATION_METRIC, "_count") == 2
+    assert sample(access_log.DURATION_METRIC, "_sum") == pytest.approx(0.33)
+    assert sample(access_log.DURATION_METRIC, "_bucket", le="0.05") == 1
+    assert sample(access_log.DURATION_METRIC, "_bucket", le="0.5") == 2
+    assert sample(access_log.UPSTREAM_METRIC, "_sum") == pytest.approx(0.32)
+    assert sample(access_log.UPSTREAM_METRIC, "_bucket", le="0.25") == 1
 
 
 def test_the_exporter_follows_a_rotated_and_a_truncated_log(tmp_path):
     log = tmp_path / "shaping.log"
     log.write_text(line("a", "PASSED") * 3)
-    exporter = ShapingLogExporter(log)
+    exporter = AccessLogExporter(log)
     assert exporter.poll() == 3
     os.rename(log, tmp_path / "shaping.log.1")
     log.write_text(line("a", "REJECTED"))
@@ -194,7 +194,7 @@ def test_the_exporter_follows_a_rotated_and_a_truncated_log(tmp_path):
 def test_the_exporter_gives_counted_lines_back_to_the_disk_and_loses_none(tmp_path):
     log = tmp_path / "shaping.log"
     one = line("a", "PASSED")
-    exporter = ShapingLogExporter(log, release_bytes=64 * 1024)
+    exporter = AccessLogExporter(log, release_bytes=64 * 1024)
     with log.open("ab") as writer:  # nginx's file: opened once, appended to
         for _ in range(8):
             writer.write((one * 2000).encode())
@@ -208,7 +208,7 @@ def test_the_exporter_gives_counted_lines_back_to_the_disk_and_loses_none(tmp_pa
     # and counts each of them once.
     with log.open("ab") as writer:
         writer.write((one * 300).encode())
-    again = ShapingLogExporter(log, release_bytes=0)
+    again = AccessLogExporter(log, release_bytes=0)
     assert again.poll() == 300 and again.skipped == 0
 
 
@@ -223,30 +223,30 @@ def test_the_exporter_counts_a_rollout_s_versions_and_server_errors_apart(tmp_pa
     common = {"tenant": "a", "model": "embed", "protocol": "grpc", "limit": ""}
     times = {"request_time": "0.010", "upstream_time": "0.009"}
     log.write_text("".join(json.dumps({**common, **e, **times}) + "\n" for e in entries))
-    exporter = ShapingLogExporter(log)
+    exporter = AccessLogExporter(log)
     assert exporter.poll() == 4
     base = {"gateway": "nginx", "tenant": "a", "model": "embed"}
 
     def requests(version: str, outcome: str) -> float:
         labels = {**base, "protocol": "grpc", "outcome": outcome, "version": version}
-        return exporter.registry.get_sample_value(f"{shaping.METRIC}_total", labels) or 0.0
+        return exporter.registry.get_sample_value(f"{access_log.METRIC}_total", labels) or 0.0
 
     assert requests("stable", "admitted") == 1 and requests("canary", "admitted") == 1
     assert requests("canary", "failed") == 1 and requests("other", "admitted") == 1
     # A failed request took time too: both versions' latencies, side by side.
     timed = {**base, "version": "canary"}
-    assert exporter.registry.get_sample_value(f"{shaping.DURATION_METRIC}_count", timed) == 2
+    assert exporter.registry.get_sample_value(f"{access_log.DURATION_METRIC}_count", timed) == 2
 
 
 def test_the_exporter_keeps_unknown_models_out_of_its_labels(tmp_path):
     log = tmp_path / "shaping.log"
     log.write_text(line("a", "PASSED", model="tokenize") + line("a", "PASSED", model="x" * 99))
-    exporter = ShapingLogExporter(log)
+    exporter = AccessLogExporter(log)
     assert exporter.poll() == 2
     other = {"gateway": "nginx", "tenant": "a", "model": "other", "protocol": "http", "version": ""}
     assert (
         exporter.registry.get_sample_value(
-            f"{shaping.METRIC}_total", {**other, "outcome": "admitted"}
+            f"{access_log.METRIC}_total", {**other, "outcome": "admitted"}
         )
         == 2
     )
@@ -255,7 +255,7 @@ def test_the_exporter_keeps_unknown_models_out_of_its_labels(tmp_path):
 def test_the_exporter_can_skip_what_the_log_already_holds(tmp_path):
     log = tmp_path / "shaping.log"
     log.write_text(line("a", "PASSED") * 3)
-    exporter = ShapingLogExporter(log, from_start=False)
+    exporter = AccessLogExporter(log, from_start=False)
     assert exporter.poll() == 0
     with log.open("a") as f:
         f.write(line("a", "PASSED"))

@@ -1,17 +1,17 @@
-"""Prometheus counters of nginx's traffic shaping, read from its shaping log.
+"""The gateway's Prometheus metrics, counted from nginx's access log: their names, and the exporter.
 
-nginx (rendered with ``--limits``, see ``gateway/nginx/``) writes one JSON line per inference
-request it shapes: tenant, model, protocol, ``$limit_req_status`` (``PASSED`` or
-``REJECTED``) and the request's times. Open-source nginx keeps no counters of its own for
-``limit_req`` and no latency histograms, so this exporter follows that file and serves, on
-``/metrics`` (``gateway="nginx"``; names, labels and buckets in ``gateway.shaping``):
-``gateway_requests_total`` by outcome (admitted, refused by a bucket, or failed: admitted and
-answered with a server error), and for the requests that were not refused the histograms
-``gateway_request_duration_seconds`` and ``gateway_upstream_duration_seconds`` by tenant and
-model (what a tenant's own latency and the latency objectives are read from), and by version
-during a rollout (``stable``, ``canary``: the two side by side).
+nginx (rendered with ``--limits`` or a rollout, see ``gateway/nginx/``) writes one JSON line per
+inference request to its access log (``gateway/nginx/parts/access_log.j2``): tenant, model,
+protocol, ``$limit_req_status`` (``PASSED`` or ``REJECTED``) and the request's times.
+Open-source nginx keeps no counters of its own for ``limit_req`` and no latency histograms, so
+this exporter follows that file and serves, on ``/metrics`` (``gateway="nginx"``; names, labels
+and buckets below): ``gateway_requests_total`` by outcome (admitted, refused by a bucket, or
+failed: admitted and answered with a server error), and for the requests that were not refused
+the histograms ``gateway_request_duration_seconds`` and ``gateway_upstream_duration_seconds`` by
+tenant and model (what a tenant's own latency and the latency objectives are read from), and by
+version during a rollout (``stable``, ``canary``: the two side by side).
 
-    python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145
+    python -m gateway.access_log --log /var/log/nginx/shaping.log --port 9145
 
 A rotated or truncated log is followed from its start; lines are counted once. What has been
 counted is given back to the file system (a hole punched in the file, which nginx keeps
@@ -34,12 +34,43 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from gateway import shaping
 from gateway.nginx.rollout import CANARY, STABLE
 from gateway.served import SERVED
 from pipelines import embedding
 
-__all__ = ["ShapingLogExporter", "ShapingMetrics", "count_line"]
+__all__ = [
+    "ADMITTED",
+    "DURATION_BUCKETS",
+    "DURATION_METRIC",
+    "FAILED",
+    "METRIC",
+    "REFUSED",
+    "UPSTREAM_METRIC",
+    "AccessLogExporter",
+    "AccessLogMetrics",
+    "count_line",
+]
+
+# The counter of the gateway's inference requests: by gateway, tenant, model, protocol, outcome
+# and version (a rollout's stable or canary; "", no label, without one).
+METRIC = "gateway_requests"
+METRIC_HELP = "Inference requests seen by the gateway's traffic shaping, by outcome."
+LABELS = ("gateway", "tenant", "model", "protocol", "outcome", "version")
+ADMITTED = "admitted"
+REFUSED = "refused"
+# Admitted, and answered with a server error (5xx: Triton's, or none answered the gateway).
+FAILED = "failed"
+# Histograms of each admitted request's time, from the same log: nginx's $request_time (first
+# byte read to last byte sent) and $upstream_response_time (the time Triton took, as nginx saw
+# it), by tenant, model and version. The latency objectives (docker/prometheus/slos.yml) count
+# requests under a bound, so every bound they name must be one of these buckets (monitoring
+# checks it).
+DURATION_METRIC = "gateway_request_duration_seconds"
+DURATION_HELP = "Time of each admitted inference request at the gateway ($request_time)."
+UPSTREAM_METRIC = "gateway_upstream_duration_seconds"
+UPSTREAM_HELP = "Time Triton took for each admitted request, as nginx saw it."
+DURATION_LABELS = ("gateway", "tenant", "model", "version")
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +88,7 @@ VERSIONS = frozenset((STABLE, CANARY, ""))
 # $limit_req_status → our outcome; DELAYED never happens with `nodelay`, and the dry-run
 # statuses only with limit_req_dry_run, which the rendered config does not use.
 # "" is a request of a gateway without token buckets (a rollout's log): nothing refused it.
-OUTCOMES = {"PASSED": shaping.ADMITTED, "REJECTED": shaping.REFUSED, "": shaping.ADMITTED}
+OUTCOMES = {"PASSED": ADMITTED, "REJECTED": REFUSED, "": ADMITTED}
 
 
 def release(fd: int, length: int) -> bool:
@@ -81,25 +112,14 @@ def _first_data(fd: int, size: int) -> int:
         return size if exc.errno == errno.ENXIO else 0
 
 
-class ShapingMetrics:
-    """The exporter's series on ``registry``: the shaping counter and the two histograms."""
+class AccessLogMetrics:
+    """The exporter's series on ``registry``: the requests' counter and the two histograms."""
 
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter(
-            shaping.METRIC, shaping.METRIC_HELP, shaping.LABELS, registry=registry
-        )
+        self.requests = Counter(METRIC, METRIC_HELP, LABELS, registry=registry)
         self.duration, self.upstream = (
-            Histogram(
-                name,
-                text,
-                shaping.DURATION_LABELS,
-                registry=registry,
-                buckets=shaping.DURATION_BUCKETS,
-            )
-            for name, text in (
-                (shaping.DURATION_METRIC, shaping.DURATION_HELP),
-                (shaping.UPSTREAM_METRIC, shaping.UPSTREAM_HELP),
-            )
+            Histogram(name, text, DURATION_LABELS, registry=registry, buckets=DURATION_BUCKETS)
+            for name, text in ((DURATION_METRIC, DURATION_HELP), (UPSTREAM_METRIC, UPSTREAM_HELP))
         )
 
 
@@ -114,16 +134,16 @@ def seconds(value: str) -> float | None:
     return sum(float(p) for p in parts if p and p != "-")
 
 
-def count_line(metrics: ShapingMetrics, line: str) -> bool:
-    """Count one line of the shaping log; False (and nothing counted) if it is not one.
+def count_line(metrics: AccessLogMetrics, line: str) -> bool:
+    """Count one line of the access log; False (and nothing counted) if it is not one.
 
     Lines of gateways rendered before the times were logged count without them.
     """
     try:
         entry = json.loads(line)
         outcome = OUTCOMES[entry["limit"]]
-        if outcome == shaping.ADMITTED and entry.get("status", "").startswith("5"):
-            outcome = shaping.FAILED
+        if outcome == ADMITTED and entry.get("status", "").startswith("5"):
+            outcome = FAILED
         model = entry["model"] if entry["model"] in MODELS else OTHER
         version = entry.get("version", "")
         version = version if version in VERSIONS else OTHER
@@ -133,7 +153,7 @@ def count_line(metrics: ShapingMetrics, line: str) -> bool:
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     metrics.requests.labels(*labels).inc()
-    if outcome != shaping.REFUSED:
+    if outcome != REFUSED:
         # Refusals take no time worth a latency objective: they are counted, not timed.
         timed = (*labels[:3], version)
         if took is not None:
@@ -143,8 +163,8 @@ def count_line(metrics: ShapingMetrics, line: str) -> bool:
     return True
 
 
-class ShapingLogExporter:
-    """Follows nginx's shaping log and counts every line; ``start()``/``stop()`` its thread.
+class AccessLogExporter:
+    """Follows nginx's access log and counts every line; ``start()``/``stop()`` its thread.
 
     Args:
         path: the log file (it may not exist yet).
@@ -167,9 +187,9 @@ class ShapingLogExporter:
         self._released = 0
         self.path = Path(path)
         self.registry = registry or CollectorRegistry()
-        self.metrics = ShapingMetrics(self.registry)
+        self.metrics = AccessLogMetrics(self.registry)
         self.interval = interval
-        self.skipped = 0  # lines that were not shaping entries
+        self.skipped = 0  # lines that were not access log entries
         self._offset: int | None = None if from_start else self._size()
         self._inode: int | None = None
         self._partial = b""
@@ -236,10 +256,10 @@ class ShapingLogExporter:
             except OSError as exc:  # a file being rotated: try again at the next look
                 log.warning("reading %s failed: %s", self.path, exc)
 
-    def start(self) -> ShapingLogExporter:
+    def start(self) -> AccessLogExporter:
         """Follow the file in a background thread."""
         self.poll()
-        self._thread = threading.Thread(target=self._run, name="shaping-log", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="access-log", daemon=True)
         self._thread.start()
         return self
 
@@ -250,7 +270,7 @@ class ShapingLogExporter:
             self._thread.join(timeout=10)
         self.poll()
 
-    def __enter__(self) -> ShapingLogExporter:
+    def __enter__(self) -> AccessLogExporter:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -258,18 +278,18 @@ class ShapingLogExporter:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gateway.metrics``: serve the shaping counts and times until interrupted."""
+    """``python -m gateway.access_log``: serve the requests' counts and times until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.metrics",
-        description="Serve nginx's traffic-shaping counts (its shaping log) to Prometheus.",
-        epilog="example: python -m gateway.metrics --log /var/log/nginx/shaping.log --port 9145",
+        prog="python -m gateway.access_log",
+        description="Serve the counts and times of nginx's access log to Prometheus.",
+        epilog="example: python -m gateway.access_log --log /var/log/nginx/shaping.log --port 9145",
     )
-    parser.add_argument("--log", required=True, type=Path, help="nginx's shaping log")
+    parser.add_argument("--log", required=True, type=Path, help="nginx's access log")
     parser.add_argument("--host", default=os.environ.get("GATEWAY_METRICS_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    exporter = ShapingLogExporter(args.log).start()
+    exporter = AccessLogExporter(args.log).start()
     server, thread = start_http_server(args.port, args.host, registry=exporter.registry)
     log.info("counting %s, serving /metrics on %s:%d", args.log, args.host, args.port)
     try:
