@@ -27,20 +27,22 @@ over each measurement)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import tritonclient.http as httpclient
 
-from bench.harness import affinity, compare, inputs, variants
-from bench.harness import perf_analyzer as pa
-from bench.harness.pki import make_pki
+from bench.harness import affinity, compare, inputs, perf_analyzer, variants
+from bench.harness.pki import Pki, make_pki
 from gateway.nginx.config import TLS, Clients, Gateway, OpenAI, Upstreams
 from gateway.nginx.process import Nginx
 from paths import MODEL_REPOSITORY
@@ -99,23 +101,31 @@ def runs(
     ]
     grpcs = ["--ssl-grpc-use-ssl", f"--ssl-grpc-root-certifications-file={ca}"]
     return {
-        "triton": pa.Run(embedding.ENSEMBLE, server.http_url, input_data=data["kserve"], **common),
-        "nginx": pa.Run(embedding.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common),
-        "openai": pa.Run(embedding.ENSEMBLE, nginx.http_url, input_data=data["openai"], **openai),
-        "openai-b64": pa.Run(
+        "triton": perf_analyzer.Run(
+            embedding.ENSEMBLE, server.http_url, input_data=data["kserve"], **common
+        ),
+        "nginx": perf_analyzer.Run(
+            embedding.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common
+        ),
+        "openai": perf_analyzer.Run(
+            embedding.ENSEMBLE, nginx.http_url, input_data=data["openai"], **openai
+        ),
+        "openai-b64": perf_analyzer.Run(
             embedding.ENSEMBLE, nginx.http_url, input_data=data["openai-b64"], **openai
         ),
-        "triton-grpc": pa.Run(
+        "triton-grpc": perf_analyzer.Run(
             embedding.ENSEMBLE, server.grpc_url, input_data=data["kserve"], **grpc
         ),
-        "nginx-grpc": pa.Run(embedding.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc),
-        "nginx-tls": pa.Run(
+        "nginx-grpc": perf_analyzer.Run(
+            embedding.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc
+        ),
+        "nginx-tls": perf_analyzer.Run(
             embedding.ENSEMBLE,
             f"https://{tls.http_url}",
             input_data=data["kserve"],
             **{**common, "extra": [*common["extra"], *https]},
         ),
-        "nginx-grpc-tls": pa.Run(
+        "nginx-grpc-tls": perf_analyzer.Run(
             embedding.ENSEMBLE,
             tls.grpc_url,
             input_data=data["kserve"],
@@ -124,110 +134,156 @@ def runs(
     }
 
 
+class CoreShare(NamedTuple):
+    """Where the core's time went over one measurement."""
+
+    nginx: float  # nginx's share of the core (0 to 1)
+    triton_ms_per_text: float  # tritonserver's CPU time per text answered
+
+
+Points = dict[tuple[str, int], list[perf_analyzer.Point]]  # (system, level) -> a point per round
+Shares = dict[tuple[str, int], list[CoreShare]]  # (system, level) -> a share per round
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print texts/s and p99 per system, level and round, and the ratios to ``triton``."""
     args = compare.arguments(
         argv, __doc__, "python -m bench.gateway --rounds 3 --levels 8,32", (3, "8,32", 5000)
     )
-    levels = args.levels
     server_cpus, load_cpus = affinity.split()
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0, cpus=server_cpus)
     # No model at start: the embedding step is loaded first with its per-text cache off (a
     # Python step is never reloaded: docs/triton-2.51.md), then the ensembles with theirs off.
-    extra = ["--model-control-mode=explicit"]
-    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=0, cpus=server_cpus)
-    config.extra_args = extra
-    points: dict[tuple[str, int], list[pa.Point]] = {}
-    # (system, level) -> [(nginx's share of the core, tritonserver's CPU ms per text)]
-    shares: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    config.extra_args = ["--model-control-mode=explicit"]
     with tempfile.TemporaryDirectory() as tmp, Server(config) as server:
-        data = {
-            "kserve": inputs.write(embedding.ENSEMBLE, Path(tmp)),
-            "openai": inputs.write(embedding.ENSEMBLE, Path(tmp), openai=True),
-            "openai-b64": inputs.write(
-                embedding.ENSEMBLE, Path(tmp), openai=True, encoding_format="base64"
-            ),
-        }
-        with httpclient.InferenceServerClient(server.http_url) as client:
-            variants.without_text_cache(
-                client, MODEL_REPOSITORY, server.config.model_config_name, server.admin_headers()
-            )
-            variants.set_response_cache(
-                client,
-                MODELS,
-                False,
-                MODEL_REPOSITORY,
-                server.config.model_config_name,
-                server.admin_headers("http"),
-            )
-        # Every client here is 127.0.0.1: no per-address cap below the highest level.
-        conns = 4 * max(levels)
-        # perf_analyzer reads the model's config and statistics: this machine is the operator.
+        data = _write_inputs(Path(tmp))
+        _turn_caches_off(server)
         pki = make_pki(Path(tmp))
-        gateway = Gateway(
-            Upstreams.of(server),
-            clients=Clients(conns_per_client=conns, operators=("127.0.0.1",)),
-            openai=OpenAI(),
-        )
-        with (
-            Nginx(gateway) as nginx,
-            Nginx(replace(gateway, tls=TLS(str(pki.certificate), str(pki.key)))) as tls,
-        ):
+        with _gateways(server, pki, max(args.levels)) as (nginx, tls):
             for name, front in (("nginx", nginx), ("nginx-tls", tls)):
                 log.info("%s", affinity.pin_and_report(name, front.process.pid, server_cpus))
             log.info("server and nginx on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
             by_system = runs(server, nginx, tls, pki.ca, data, load_cpus, args.measurement_ms)
-            triton_pid = server.process.pid
-            for r in range(args.rounds):
-                order = SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]
-                for level in levels:
-                    for system in order:
-                        nginx_pid = (tls if system in PLAIN else nginx).process.pid
-                        began = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
-                        point = pa.measure(by_system[system], level)
-                        ended = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
-                        wall, nginx_cpu, triton_cpu = (
-                            b - a for a, b in zip(began, ended, strict=True)
-                        )
-                        share = (nginx_cpu / wall, 1000 * triton_cpu / wall / point.throughput)
-                        points.setdefault((system, level), []).append(point)
-                        shares.setdefault((system, level), []).append(share)
-                        log.info(
-                            "round %d %-10s c=%-3d %7.1f texts/s  p99 %6.1f ms  nginx %4.1f %%"
-                            "  tritonserver %.2f ms/text",
-                            r + 1,
-                            system,
-                            level,
-                            point.throughput,
-                            point.p99_ms,
-                            100 * share[0],
-                            share[1],
-                        )
+            points, shares = _measure(by_system, server, nginx, tls, args.levels, args.rounds)
+    _print_table(points, shares, args.levels)
+    _print_tls_cost(points, args.levels)
+    return 0
+
+
+def _write_inputs(tmp: Path) -> dict[str, Path]:
+    """perf_analyzer's input files: KServe tensors, OpenAI bodies, and those asking base64."""
+    return {
+        "kserve": inputs.write(embedding.ENSEMBLE, tmp),
+        "openai": inputs.write(embedding.ENSEMBLE, tmp, openai=True),
+        "openai-b64": inputs.write(embedding.ENSEMBLE, tmp, openai=True, encoding_format="base64"),
+    }
+
+
+def _turn_caches_off(server: Server) -> None:
+    """Load the models with embed's per-text cache and the response cache off."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        variants.without_text_cache(
+            client, MODEL_REPOSITORY, server.config.model_config_name, server.admin_headers()
+        )
+        variants.set_response_cache(
+            client,
+            MODELS,
+            False,
+            MODEL_REPOSITORY,
+            server.config.model_config_name,
+            server.admin_headers("http"),
+        )
+
+
+@contextlib.contextmanager
+def _gateways(server: Server, pki: Pki, highest_level: int) -> Iterator[tuple[Nginx, Nginx]]:
+    """The gateway in front of ``server`` twice: plain, and TLS only with the run's certificate."""
+    gateway = Gateway(
+        Upstreams.of(server),
+        # Every client here is 127.0.0.1: no per-address cap below the highest level.
+        # perf_analyzer reads the model's config and statistics: this machine is the operator.
+        clients=Clients(conns_per_client=4 * highest_level, operators=("127.0.0.1",)),
+        openai=OpenAI(),
+    )
+    with (
+        Nginx(gateway) as nginx,
+        Nginx(replace(gateway, tls=TLS(str(pki.certificate), str(pki.key)))) as tls,
+    ):
+        yield nginx, tls
+
+
+def _measure(
+    by_system: dict[str, perf_analyzer.Run],
+    server: Server,
+    nginx: Nginx,
+    tls: Nginx,
+    levels: list[int],
+    rounds: int,
+) -> tuple[Points, Shares]:
+    """Every system at every level in each round, the first system rotating by round."""
+    points: Points = {}
+    shares: Shares = {}
+    for r in range(rounds):
+        for level in levels:
+            for system in compare.rotation(SYSTEMS, r):
+                front = tls if system in PLAIN else nginx
+                point, share = _measure_once(
+                    by_system[system], level, front.process.pid, server.process.pid
+                )
+                points.setdefault((system, level), []).append(point)
+                shares.setdefault((system, level), []).append(share)
+                log.info(
+                    "round %d %-10s c=%-3d %7.1f texts/s  p99 %6.1f ms  nginx %4.1f %%"
+                    "  tritonserver %.2f ms/text",
+                    r + 1,
+                    system,
+                    level,
+                    point.throughput,
+                    point.p99_ms,
+                    100 * share.nginx,
+                    share.triton_ms_per_text,
+                )
+    return points, shares
+
+
+def _measure_once(
+    run: perf_analyzer.Run, level: int, nginx_pid: int, triton_pid: int
+) -> tuple[perf_analyzer.Point, CoreShare]:
+    """One perf_analyzer measurement, and the CPU time nginx and tritonserver spent meanwhile."""
+    began = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
+    point = perf_analyzer.measure(run, level)
+    ended = (time.monotonic(), *map(cpu_seconds, (nginx_pid, triton_pid)))
+    wall, nginx_cpu, triton_cpu = (b - a for a, b in zip(began, ended, strict=True))
+    return point, CoreShare(nginx_cpu / wall, 1000 * triton_cpu / wall / point.throughput)
+
+
+def _print_table(points: Points, shares: Shares, levels: list[int]) -> None:
+    """Each system's rounds, its median ÷ its protocol's straight system, and the core's split."""
     print(
         "\nsystem      c     texts/s (rounds)        p99 ms (rounds)         ÷ triton"
         "  nginx  tritonserver ms/text (medians)"
     )
     for level in levels:
         for system in SYSTEMS:
-            base_points = points[(BASE.get(system, "triton"), level)]
-            base = statistics.median(p.throughput for p in base_points)
             got = points[(system, level)]
-            rate = statistics.median(p.throughput for p in got)
-            rates = ", ".join(f"{p.throughput:.1f}" for p in got)
-            p99s = ", ".join(f"{p.p99_ms:.1f}" for p in got)
-            nginx_share = statistics.median(s[0] for s in shares[(system, level)])
-            per_text = statistics.median(s[1] for s in shares[(system, level)])
+            base = compare.median_rate(points[(BASE.get(system, "triton"), level)])
+            rates, p99s = compare.per_round(got)
+            nginx_share = statistics.median(s.nginx for s in shares[(system, level)])
+            per_text = statistics.median(s.triton_ms_per_text for s in shares[(system, level)])
             print(
-                f"{system:11s} {level:<5d} {rates:23s} {p99s:23s} {rate / base:5.2f}x"
+                f"{system:11s} {level:<5d} {rates:23s} {p99s:23s} "
+                f"{compare.median_rate(got) / base:5.2f}x"
                 f"  {100 * nginx_share:4.1f}%  {per_text:.2f}"
             )
+
+
+def _print_tls_cost(points: Points, levels: list[int]) -> None:
+    """TLS ÷ plain: each TLS system's median rate over its plain-text twin's."""
     print("\nTLS ÷ plain, texts/s (medians over rounds; the same gateway config but TLS)")
     for system, plain in PLAIN.items():
         for level in levels:
-            got, base = (
-                statistics.median(p.throughput for p in points[(s, level)]) for s in (system, plain)
-            )
+            got, base = (compare.median_rate(points[(s, level)]) for s in (system, plain))
             print(f"{system:15s} c={level:<4d} {got / base:.2f}x")
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,15 +14,16 @@ import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from bench.harness import inputs
-from bench.harness import perf_analyzer as pa
+from bench.harness import inputs, perf_analyzer
 
 log = logging.getLogger(__name__)
 
 # A system: a context manager that runs one server and yields its gRPC host:port.
 System = Callable[[], contextlib.AbstractContextManager[str]]
-Points = dict[tuple[str, str, int], list[pa.Point]]
+Points = dict[tuple[str, str, int], list[perf_analyzer.Point]]
+T = TypeVar("T")
 
 
 def interleaved(
@@ -39,10 +40,10 @@ def interleaved(
     with tempfile.TemporaryDirectory() as tmp:
         data = {model: inputs.write(model, Path(tmp)) for model in models}
         for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
+            for name in rotation(names, r):
                 with systems[name]() as grpc_url:
                     for model in models:
-                        run = pa.Run(
+                        run = perf_analyzer.Run(
                             model,
                             grpc_url,
                             input_data=data[model],
@@ -50,7 +51,7 @@ def interleaved(
                             cpus=load_cpus,
                         )
                         for level in levels:
-                            point = pa.measure(run, level)
+                            point = perf_analyzer.measure(run, level)
                             points.setdefault((name, model, level), []).append(point)
                             log.info(
                                 "round %d %-8s %-8s c=%-3d %7.1f /s  p99 %6.1f ms",
@@ -68,16 +69,34 @@ def table(points: Points, systems: Sequence[str], models: Sequence[str], levels:
     ]
     for model in models:
         for level in levels:
-            base = statistics.median(p.throughput for p in points[(base_name, model, level)])
+            base = median_rate(points[(base_name, model, level)])
             for name in systems:
                 got = points[(name, model, level)]
-                rate = statistics.median(p.throughput for p in got)
-                rates = ", ".join(f"{p.throughput:.1f}" for p in got)
-                p99s = ", ".join(f"{p.p99_ms:.1f}" for p in got)
+                rates, p99s = per_round(got)
                 lines.append(
-                    f"| {name} | {model} | {level} | {rates} | {p99s} | {rate / base:.2f}x |"
+                    f"| {name} | {model} | {level} | {rates} | {p99s} | "
+                    f"{median_rate(got) / base:.2f}x |"
                 )
     return "\n".join(lines)
+
+
+def rotation(names: Sequence[T], round_: int) -> list[T]:
+    """The order of round ``round_`` (from 0): each round another system goes first."""
+    first = round_ % len(names)
+    return [*names[first:], *names[:first]]
+
+
+def median_rate(points: Sequence[perf_analyzer.Point]) -> float:
+    """The median throughput of one case's rounds."""
+    return statistics.median(p.throughput for p in points)
+
+
+def per_round(points: Sequence[perf_analyzer.Point]) -> tuple[str, str]:
+    """One case's rate and p99 in each round, comma-separated: ``("812.3, 799.0", "9.1, 9.4")``."""
+    return (
+        ", ".join(f"{p.throughput:.1f}" for p in points),
+        ", ".join(f"{p.p99_ms:.1f}" for p in points),
+    )
 
 
 def arguments(
