@@ -5,9 +5,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.report.markdown import case_table
-from bench.report.points import CLS, EMB, EMB8, ENS
+from pipelines import classification, embedding
 
 
 def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
@@ -27,16 +28,34 @@ def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
     return path
 
 
+class _Series(NamedTuple):
+    """What one curve of a concurrency sweep holds fixed (sorts as the tuple of its fields)."""
+
+    system: str
+    variant: str
+    model: str
+    protocol: str
+    payload: str
+    calls: str
+
+
 def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[Path]:
     """Throughput vs p50/p99 per variant; formed batch size; raw vs served."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    series = _sweeps(rows)
+    return [
+        _latency_vs_throughput(series, out_dir / "latency_vs_throughput.png"),
+        _formed_batch_size(series, out_dir / "formed_batch_size.png"),
+        _raw_vs_served(series, raw, out_dir / "raw_vs_served.png"),
+    ]
 
-    cases = case_table(rows)
-    series: dict[tuple, list[dict]] = defaultdict(list)
-    for e in cases:
+
+def _sweeps(rows: list[dict]) -> dict[_Series, list[dict]]:
+    """The cases of each concurrency sweep on the usual texts and images, by level."""
+    series: dict[_Series, list[dict]] = defaultdict(list)
+    for e in case_table(rows):
         # Cache hits and the null peer are another regime (thousands/s): the table has them.
         if (
             e["mode"] == "concurrency"
@@ -44,19 +63,31 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
             and e["dataset"] == "samples"
             and e["system"] != "null-peer"
         ):
-            key = (e["system"], e["variant"], e["model"], e["protocol"], e["payload"], e["calls"])
-            series[key].append(e)
-    paths = []
+            series[_Series(*(e[field] for field in _Series._fields))].append(e)
+    for points in series.values():
+        points.sort(key=lambda e: e["level"])
+    return series
 
+
+def _latency_vs_throughput(series: dict[_Series, list[dict]], path: Path) -> Path:
+    """p50 and p99 against throughput: the classify ensemble, the classifier, embed."""
+    import matplotlib.pyplot as plt
+
+    panels = (
+        (classification.ENSEMBLE,),
+        (classification.CLASSIFIER,),
+        (embedding.ENSEMBLE, embedding.INT8_ENSEMBLE),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(20, 5.5), sharey=False)
-    for ax, models in zip(axes, ((ENS,), (CLS,), (EMB, EMB8)), strict=True):
+    for ax, models in zip(axes, panels, strict=True):
         for key, points in sorted(series.items()):
-            if key[2] not in models:
+            if key.model not in models:
                 continue
-            points.sort(key=lambda e: e["level"])
             x = [e["throughput"][0] for e in points]
             label = "/".join(
-                k for k in (key[0], key[1], key[3], key[4], key[5]) if k not in ("-", "sync")
+                k
+                for k in (key.system, key.variant, key.protocol, key.payload, key.calls)
+                if k not in ("-", "sync")
             )
             (line,) = ax.plot(x, [e["p50_ms"][0] for e in points], "o-", label=f"{label} p50")
             ax.plot(
@@ -73,32 +104,45 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(out_dir / "latency_vs_throughput.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
+
+def _formed_batch_size(series: dict[_Series, list[dict]], path: Path) -> Path:
+    """The classifier's average formed batch by concurrency (Triton, binary payloads)."""
+    import matplotlib.pyplot as plt
+
+    batch = f"{classification.CLASSIFIER}_avg_batch"
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, points in sorted(series.items()):
-        if key[0] != "triton" or key[2] not in (ENS, CLS) or key[4] != "binary":
+        if (
+            key.system != "triton"
+            or key.model not in (classification.ENSEMBLE, classification.CLASSIFIER)
+            or key.payload != "binary"
+        ):
             continue
-        points = [e for e in sorted(points, key=lambda e: e["level"]) if e[f"{CLS}_avg_batch"]]
-        if points:
+        measured = [e for e in points if e[batch]]
+        if measured:
             ax.plot(
-                [e["level"] for e in points],
-                [e[f"{CLS}_avg_batch"][0] for e in points],
+                [e["level"] for e in measured],
+                [e[batch][0] for e in measured],
                 "o-",
-                label=f"{key[1]} {key[2]} {key[3]}",
+                label=f"{key.variant} {key.model} {key.protocol}",
             )
-    paths.append(
-        _save(
-            fig,
-            ax,
-            out_dir / "formed_batch_size.png",
-            "client concurrency",
-            "classifier: average formed batch",
-            "Formed batch size (statistics API)",
-        )
+    return _save(
+        fig,
+        ax,
+        path,
+        "client concurrency",
+        "classifier: average formed batch",
+        "Formed batch size (statistics API)",
     )
+
+
+def _raw_vs_served(series: dict[_Series, list[dict]], raw: dict[int, dict], path: Path) -> Path:
+    """The raw curves by batch size (median over rounds) beside served images/s by concurrency."""
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind in ("model", "pipeline"):
@@ -109,24 +153,23 @@ def write_plots(out_dir: Path, rows: list[dict], raw: dict[int, dict]) -> list[P
             statistics.median(c[kind][bs] for c in raw.values() if bs in c[kind]) for bs in sizes
         ]
         ax.plot(sizes, med, "o-", label=f"raw {kind} (in-process, by batch size)")
-    for key in ((CLS, "classifier served"), (ENS, "classify served")):
-        points = series.get(("triton", "batching", key[0], "grpc", "binary", "sync"), [])
-        points = sorted(points, key=lambda e: e["level"])
+    for model, name in (
+        (classification.CLASSIFIER, "classifier served"),
+        (classification.ENSEMBLE, "classify served"),
+    ):
+        points = series.get(_Series("triton", "batching", model, "grpc", "binary", "sync"), [])
         if points:
             ax.plot(
                 [e["level"] for e in points],
                 [e["throughput"][0] for e in points],
                 "s--",
-                label=f"{key[1]} gRPC (by concurrency)",
+                label=f"{name} gRPC (by concurrency)",
             )
-    paths.append(
-        _save(
-            fig,
-            ax,
-            out_dir / "raw_vs_served.png",
-            "batch size (raw) / concurrency (served)",
-            "images/s",
-            "Raw engine vs served",
-        )
+    return _save(
+        fig,
+        ax,
+        path,
+        "batch size (raw) / concurrency (served)",
+        "images/s",
+        "Raw engine vs served",
     )
-    return paths

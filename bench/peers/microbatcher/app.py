@@ -115,113 +115,146 @@ def create_app(
         ValueError: ``model_name`` is not one the peer serves.
     """
     model = served_model(model_name)
-    max_batch = max_batch or model.max_batch
-    peer = _Peer(model, model_path, intra_op_threads, max_batch, max_wait_ms)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        if peer.batcher is not None:
-            peer.batcher.start()
-        peer.ready = True
-        log.info("peer ready: %s", peer.description)
-        try:
-            yield
-        finally:
-            peer.ready = False
-            if peer.batcher is not None:
-                await peer.batcher.close()
-
+    peer = _Peer(model, model_path, intra_op_threads, max_batch or model.max_batch, max_wait_ms)
     app = FastAPI(
         title=f"{model.name} peer (FastAPI + micro-batcher)",
-        lifespan=lifespan,
+        lifespan=_lifespan,
+        exception_handlers=_ERROR_HANDLERS,
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
-    app.state.peer = peer
-
-    # Errors are answered as KServe v2 does: {"error": "..."}.
-    @app.exception_handler(InferenceRequestError)
-    async def _bad_request(_request: Request, exc: InferenceRequestError) -> Response:
-        peer.stats.fail.add(0)
-        return _error(str(exc), 400)
-
-    @app.exception_handler(UnknownModelError)
-    async def _unknown_model(_request: Request, exc: UnknownModelError) -> Response:
-        return _error(str(exc), 404)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException) -> Response:
-        return _error(str(exc.detail), exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> Response:
-        return _error(str(exc), 400)
-
-    async def live(_request: Request) -> Response:
-        return Response(status_code=200)
-
-    async def ready(_request: Request) -> Response:
-        return Response(status_code=200 if peer.ready else 503)
-
-    async def server_metadata(_request: Request) -> Response:
-        # perf_analyzer asks for server-side statistics only when "statistics" is listed.
-        return _json({"name": SERVER_NAME, "version": "1", "extensions": list(EXTENSIONS)})
-
-    async def model_ready(request: Request) -> Response:
-        _check_model(request, model.name)
-        return Response(status_code=200 if peer.ready else 503)
-
-    async def model_metadata(request: Request) -> Response:
-        _check_model(request, model.name)
-        return _json(model.metadata())
-
-    async def model_config(request: Request) -> Response:
-        _check_model(request, model.name)
-        return _json(peer.config())
-
-    async def model_stats(request: Request) -> Response:
-        if "model" in request.path_params:
-            _check_model(request, model.name)
-        return _json({"model_stats": [peer.stats.as_json()]})
-
-    async def infer(request: Request) -> Response:
-        start = time.perf_counter_ns()
-        _check_model(request, model.name)
-        decoded = decode_request(
-            await request.body(),
-            request.headers.get(HEADER_LENGTH),
-            peer.max_batch,
-            # The null model skips converting the inputs: it measures the load generator.
-            convert=peer.batcher is not None,
-            model=model,
-        )
-        try:
-            outputs, timing = await peer.infer(decoded)
-        except Exception as exc:  # noqa: BLE001 - the model failed on this request
-            log.warning("inference failed: %s", exc)
-            peer.stats.fail.add(time.perf_counter_ns() - start)
-            return _error(f"{model.name} failed: {exc}", 500)
-        computed = time.perf_counter_ns()
-        response = encode_response(outputs, decoded, model)
-        done = time.perf_counter_ns()
-        peer.stats.record_request(len(outputs), timing, done - computed, done - start)
-        return response
-
-    routes = [
-        ("/v2/health/live", live, "GET"),
-        ("/v2/health/ready", ready, "GET"),
-        ("/v2", server_metadata, "GET"),
-        ("/v2/models/stats", model_stats, "GET"),
-    ]
-    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        routes += [
-            (base, model_metadata, "GET"),
-            (f"{base}/ready", model_ready, "GET"),
-            (f"{base}/config", model_config, "GET"),
-            (f"{base}/stats", model_stats, "GET"),
-            (f"{base}/infer", infer, "POST"),
-        ]
-    for path, endpoint, method in routes:
+    app.state.peer = peer  # what every route and the lifespan read
+    for path, endpoint, method in _ROUTES:
         app.add_api_route(path, endpoint, methods=[method], include_in_schema=False)
     return app
+
+
+def _peer_of(request: Request) -> _Peer:
+    return request.app.state.peer
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Ready while the micro-batcher runs: started with the server, closed when it stops."""
+    peer: _Peer = app.state.peer
+    if peer.batcher is not None:
+        peer.batcher.start()
+    peer.ready = True
+    log.info("peer ready: %s", peer.description)
+    try:
+        yield
+    finally:
+        peer.ready = False
+        if peer.batcher is not None:
+            await peer.batcher.close()
+
+
+# Errors are answered as KServe v2 does: {"error": "..."} ----------------------------------
+async def _bad_request(request: Request, exc: InferenceRequestError) -> Response:
+    _peer_of(request).stats.fail.add(0)
+    return _error(str(exc), 400)
+
+
+async def _unknown_model(_request: Request, exc: UnknownModelError) -> Response:
+    return _error(str(exc), 404)
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException) -> Response:
+    return _error(str(exc.detail), exc.status_code)
+
+
+async def _invalid(_request: Request, exc: RequestValidationError) -> Response:
+    return _error(str(exc), 400)
+
+
+_ERROR_HANDLERS = {
+    InferenceRequestError: _bad_request,
+    UnknownModelError: _unknown_model,
+    StarletteHTTPException: _http_error,
+    RequestValidationError: _invalid,
+}
+
+
+# The KServe v2 routes ----------------------------------------------------------------------
+async def _live(_request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def _ready(request: Request) -> Response:
+    return Response(status_code=200 if _peer_of(request).ready else 503)
+
+
+async def _server_metadata(_request: Request) -> Response:
+    # perf_analyzer asks for server-side statistics only when "statistics" is listed.
+    return _json({"name": SERVER_NAME, "version": "1", "extensions": list(EXTENSIONS)})
+
+
+async def _model_ready(request: Request) -> Response:
+    peer = _peer_of(request)
+    _check_model(request, peer.model.name)
+    return Response(status_code=200 if peer.ready else 503)
+
+
+async def _model_metadata(request: Request) -> Response:
+    peer = _peer_of(request)
+    _check_model(request, peer.model.name)
+    return _json(peer.model.metadata())
+
+
+async def _model_config(request: Request) -> Response:
+    peer = _peer_of(request)
+    _check_model(request, peer.model.name)
+    return _json(peer.config())
+
+
+async def _model_stats(request: Request) -> Response:
+    peer = _peer_of(request)
+    if "model" in request.path_params:
+        _check_model(request, peer.model.name)
+    return _json({"model_stats": [peer.stats.as_json()]})
+
+
+async def _infer(request: Request) -> Response:
+    start = time.perf_counter_ns()
+    peer = _peer_of(request)
+    model = peer.model
+    _check_model(request, model.name)
+    decoded = decode_request(
+        await request.body(),
+        request.headers.get(HEADER_LENGTH),
+        peer.max_batch,
+        # The null model skips converting the inputs: it measures the load generator.
+        convert=peer.batcher is not None,
+        model=model,
+    )
+    try:
+        outputs, timing = await peer.infer(decoded)
+    except Exception as exc:  # noqa: BLE001 - the model failed on this request
+        log.warning("inference failed: %s", exc)
+        peer.stats.fail.add(time.perf_counter_ns() - start)
+        return _error(f"{model.name} failed: {exc}", 500)
+    computed = time.perf_counter_ns()
+    response = encode_response(outputs, decoded, model)
+    done = time.perf_counter_ns()
+    peer.stats.record_request(len(outputs), timing, done - computed, done - start)
+    return response
+
+
+_ROUTES = (
+    ("/v2/health/live", _live, "GET"),
+    ("/v2/health/ready", _ready, "GET"),
+    ("/v2", _server_metadata, "GET"),
+    ("/v2/models/stats", _model_stats, "GET"),
+    *(
+        route
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+        for route in (
+            (base, _model_metadata, "GET"),
+            (f"{base}/ready", _model_ready, "GET"),
+            (f"{base}/config", _model_config, "GET"),
+            (f"{base}/stats", _model_stats, "GET"),
+            (f"{base}/infer", _infer, "POST"),
+        )
+    ),
+)
