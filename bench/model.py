@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from bench.harness import affinity, raw, servers, stats
-from bench.harness import perf_analyzer as pa
+from bench.harness import affinity, perf_analyzer, raw, servers, stats
 from export import model_files, tensor_specs
 from paths import MODEL_REPOSITORY, REPO_ROOT
 from server import Server, ServerConfig
@@ -148,12 +147,12 @@ def run(name: str, levels: list[int], measurement_ms: int = 3000) -> int:
                 .get("string_value", len(server_cpus))
             )
             # p99 over one window is noisy on a shared machine: throughput and p99 within 30 %.
-            run_ = pa.Run(name, server.grpc_url, input_data=data, cpus=client_cpus,
+            run_ = perf_analyzer.Run(name, server.grpc_url, input_data=data, cpus=client_cpus,
                           measurement_ms=measurement_ms, stability_percent=30.0)  # fmt: skip
             for level in levels:
-                pa.measure(run_, level)  # warm-up at this level, thrown away
+                perf_analyzer.measure(run_, level)  # warm-up at this level, thrown away
                 before = stats.snapshot(client, [name])
-                point = pa.measure(run_, level)
+                point = perf_analyzer.measure(run_, level)
                 moved = stats.delta(before, stats.snapshot(client, [name]))[name]
                 rows.append((level, point, moved))
                 log.info("c=%d %.1f /s p99 %.1f ms, batch %.1f", level, point.throughput,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from pipelines import buckets as bk
+from pipelines.buckets import pieces
 
 
 class BucketedRunner:
@@ -66,7 +66,7 @@ class BucketedRunner:
         """``fn(batch)``, computed at bucket sizes; rows in the order of ``batch``."""
         parts = []
         with torch.inference_mode():
-            for start, end, size in bk.pieces(len(batch), self.buckets):
+            for start, end, size in pieces(len(batch), self.buckets):
                 buffer = self.inputs[size]
                 buffer[: end - start].copy_(batch[start:end], non_blocking=True)
                 self.runs[size] += 1

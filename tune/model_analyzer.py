@@ -36,11 +36,10 @@ from pathlib import Path
 
 import yaml
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import model_config_pb2
 
 import model_config
-from bench.harness import affinity, inputs, tool_env
-from bench.harness import perf_analyzer as pa
+from bench.harness import affinity, inputs, perf_analyzer, tool_env
 from paths import MODEL_REPOSITORY
 from pipelines import classification, embedding
 from server.launcher import Server, ServerConfig
@@ -136,7 +135,7 @@ def target(name: str) -> Target:
 
 
 # The repository Model Analyzer reads -----------------------------------------------------------
-def step_config(model: str, config_name: str | None) -> mc.ModelConfig:
+def step_config(model: str, config_name: str | None) -> model_config_pb2.ModelConfig:
     """A model's config as this machine serves it, as Model Analyzer gets it.
 
     One version (``VERSIONS``); no queue policy: a search measures capacity with concurrency
@@ -243,7 +242,7 @@ def profile_config(
         "triton_launch_mode": "local",
         "triton_server_path": str(server),
         "triton_output_path": str(out / "tritonserver.log"),
-        "perf_analyzer_path": str(pa.find_binary()),
+        "perf_analyzer_path": str(perf_analyzer.find_binary()),
         "client_protocol": "grpc",
         "export_path": str(out / "export"),
         "output_model_repository_path": str(out / "output-repository"),
@@ -263,7 +262,7 @@ def profile_config(
     return config
 
 
-def candidate(config: mc.ModelConfig) -> search.Candidate:
+def candidate(config: model_config_pb2.ModelConfig) -> search.Candidate:
     """Model Analyzer's config of one model as the change the tuner makes.
 
     Its search sets the instance count and ``max_batch_size`` and turns dynamic batching on
@@ -399,7 +398,7 @@ def environment(venv: Path) -> dict[str, str]:
     link = links / "libmpi.so"
     if not link.is_symlink():
         link.symlink_to(venv / "lib" / "libmpi.so.40")
-    env = pa.environment()
+    env = perf_analyzer.environment()
     env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         p

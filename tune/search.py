@@ -520,7 +520,7 @@ def summary(
 def describe(config_path: Path) -> str:
     """One line naming a written config (for the CLI)."""
     config = model_config.parse(config_path)
-    groups = ", ".join(f"{g.count}x {mc_kind(g.kind)}" for g in config.instance_group)
+    groups = ", ".join(f"{g.count}x {instance_kind_name(g.kind)}" for g in config.instance_group)
     batching = config.dynamic_batching
     return (
         f"{config_path}: preferred {list(batching.preferred_batch_size)}, delay "
@@ -528,8 +528,8 @@ def describe(config_path: Path) -> str:
     )
 
 
-def mc_kind(kind: int) -> str:
+def instance_kind_name(kind: int) -> str:
     """KIND_CPU / KIND_GPU name of an instance-group kind."""
-    from tritonclient.grpc import model_config_pb2 as mc
+    from tritonclient.grpc import model_config_pb2
 
-    return mc.ModelInstanceGroup.Kind.Name(kind)
+    return model_config_pb2.ModelInstanceGroup.Kind.Name(kind)

@@ -262,11 +262,11 @@ def with_model_analyzer(session: Session, started: float, budget_s: float) -> in
     Its pick is measured again by this harness beside the configs served now (for the report),
     then written as ``session.config_name`` the way the tuner writes its own.
     """
-    from tune import model_analyzer as ma
+    from tune import model_analyzer
 
-    target = ma.target(session.model)
+    target = model_analyzer.target(session.model)
     folder = session.out / "model-analyzer"
-    outcome = ma.run(
+    outcome = model_analyzer.run(
         target,
         "quick",
         session.p99_ms,
@@ -284,7 +284,7 @@ def with_model_analyzer(session: Session, started: float, budget_s: float) -> in
             f"(exit {outcome.returncode}; {folder / 'model-analyzer.log'}); nothing written"
         )
         return 1
-    pick = ma.pick(folder, outcome.best, target)
+    pick = model_analyzer.pick(folder, outcome.best, target)
     session.progress(
         f"Model Analyzer's pick: {search.label(pick)} ({outcome.configs} configs, "
         f"{outcome.measurements} measurements, {outcome.seconds:.0f} s); measuring it again"
@@ -298,9 +298,9 @@ def with_model_analyzer(session: Session, started: float, budget_s: float) -> in
         for path in session.write(pick, header):
             session.progress(search.describe(path))
     notes = [
-        f"Triton Model Analyzer {ma.VERSION}, quick search: {outcome.configs} configs, "
+        f"Triton Model Analyzer {model_analyzer.VERSION}, quick search: {outcome.configs} configs, "
         f"{outcome.measurements} measurements, {outcome.seconds:.0f} s; its own number for its "
-        f"pick: {ma.number(outcome.best[ma.THROUGHPUT]):.1f}/s."
+        f"pick: {model_analyzer.number(outcome.best[model_analyzer.THROUGHPUT]):.1f}/s."
     ]
     title = f"SLO tuner: {session.model}"
     report = write_report(session.out, title, rows, session.p99_ms, notes)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import model_config_pb2
 
 import model_config
 from pipelines import classification, embedding
@@ -24,7 +24,7 @@ THREAD_KEYS = ("intra_op_thread_count",)
 # it alone gets the rate sweep, the traced cases and the response-cache rows.
 SERVED = "batching"
 
-Mutator = Callable[[mc.ModelConfig], None]
+Mutator = Callable[[model_config_pb2.ModelConfig], None]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,9 @@ class Variant:
     models: tuple[str, ...] = STEPS  # the step models it (re)loads
     ensembles: tuple[str, ...] = (classification.ENSEMBLE,)  # reloaded after their steps
 
-    def configs(self, repository: Path, config_name: str | None) -> dict[str, mc.ModelConfig]:
+    def configs(
+        self, repository: Path, config_name: str | None
+    ) -> dict[str, model_config_pb2.ModelConfig]:
         """The full config of every step model under this variant."""
         configs = {}
         for model in self.models:
@@ -52,7 +54,7 @@ class Variant:
         return configs
 
 
-def without_dynamic_batching(config: mc.ModelConfig) -> None:
+def without_dynamic_batching(config: model_config_pb2.ModelConfig) -> None:
     """Each request runs on its own (max_batch_size stays, so shapes are unchanged)."""
     config.ClearField("dynamic_batching")
 
@@ -60,7 +62,7 @@ def without_dynamic_batching(config: mc.ModelConfig) -> None:
 def with_instances(count: int) -> Mutator:
     """Set the instance count of every instance group."""
 
-    def change(config: mc.ModelConfig) -> None:
+    def change(config: model_config_pb2.ModelConfig) -> None:
         for group in config.instance_group:
             group.count = count
 
@@ -73,7 +75,7 @@ def with_threads(threads: int) -> Mutator:
     The Python runner and the native onnxruntime backend read the same parameter key.
     """
 
-    def change(config: mc.ModelConfig) -> None:
+    def change(config: model_config_pb2.ModelConfig) -> None:
         if any(k in config.parameters for k in THREAD_KEYS):
             config.parameters["intra_op_thread_count"].string_value = str(threads)
 
@@ -83,7 +85,7 @@ def with_threads(threads: int) -> Mutator:
 def with_batching(preferred: list[int], delay_us: int) -> Mutator:
     """Dynamic batching with these preferred sizes and queue delay."""
 
-    def change(config: mc.ModelConfig) -> None:
+    def change(config: model_config_pb2.ModelConfig) -> None:
         batching = config.dynamic_batching
         del batching.preferred_batch_size[:]
         batching.preferred_batch_size.extend(preferred)

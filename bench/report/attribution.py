@@ -26,7 +26,6 @@ from bench.harness import trace
 from bench.harness.raw import STEP_STAGES
 from pipelines import classification
 
-ENS = classification.ENSEMBLE
 PROTOCOLS = ("grpc", "http")
 SATURATION = 16  # the traced level that keeps the core busy (and the untraced rows beside it)
 # The kind of a step's compute beyond its raw stages: its own colour in the plot.
@@ -203,7 +202,7 @@ def cpu_split(rows: list[dict], model: str, protocol: str) -> dict[str, float] |
 def _models(rows: list[dict]) -> list[str]:
     """The traced models, the ensemble first."""
     traced = {r["model"] for r in rows if r["variant"] == trace.VARIANT}
-    return sorted(traced, key=lambda m: (m != ENS, m))
+    return sorted(traced, key=lambda m: (m != classification.ENSEMBLE, m))
 
 
 def section(rows: list[dict], raw: dict[int, dict], found: dict, problems: list[str]) -> list[str]:

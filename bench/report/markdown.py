@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from bench.report.points import CASE_FIELDS, CLS, EMB, EMB8, FUSED, find
+from bench.report.points import CASE_FIELDS, find
 from bench.report.ratios import (
     EMBED_ASYNC,
     INFINITY,
@@ -19,7 +19,7 @@ from bench.report.ratios import (
     summarize,
     vs_infinity,
 )
-from pipelines import embedding
+from pipelines import classification, embedding
 
 
 def _fmt(value: float, unit: str = "x") -> str:
@@ -38,8 +38,8 @@ def case_table(rows: list[dict]) -> list[dict]:
             "throughput",
             "p50_ms",
             "p99_ms",
-            f"{CLS}_avg_batch",
-            f"{FUSED}_avg_batch",
+            f"{classification.CLASSIFIER}_avg_batch",
+            f"{classification.FUSED}_avg_batch",
             "encoder_avg_batch",
             f"{embedding.TOKENIZE_ENCODE}_avg_batch",
         ):
@@ -293,10 +293,10 @@ def write_markdown(
             return "" if v is None else f"{v[0]:.{digits}f} [{v[1]:.{digits}f} – {v[2]:.{digits}f}]"
 
         model = e["model"] + ("" if e["dataset"] == "samples" else f" [{e['dataset']}]")
-        batch_field = f"{CLS}_avg_batch"
-        if e["model"] == FUSED:
-            batch_field = f"{FUSED}_avg_batch"  # the one step that batches
-        if e["model"] in (EMB, EMB8):
+        batch_field = f"{classification.CLASSIFIER}_avg_batch"
+        if e["model"] == classification.FUSED:
+            batch_field = f"{classification.FUSED}_avg_batch"  # the one step that batches
+        if e["model"] in (embedding.ENSEMBLE, embedding.INT8_ENSEMBLE):
             # The step that batches: tokenize_encode where embed is that one step.
             batch_field = f"{embedding.TOKENIZE_ENCODE}_avg_batch"
             if e[batch_field] is None:

@@ -7,25 +7,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines import classification, embedding
-
-ENS, CLS, PRE, POST = (
-    classification.ENSEMBLE,
-    classification.CLASSIFIER,
-    classification.PREPROCESS,
-    classification.POSTPROCESS,
-)
-
-
-FUSED = classification.FUSED
-
-
-EMB, EMB8, GRAPH = embedding.ENSEMBLE, "embed_int8", embedding.GRAPH_ENSEMBLE
-
-
-STEPS = 3
-
-
 TEXT_FIELDS = {
     "system",
     "variant",

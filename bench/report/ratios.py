@@ -7,7 +7,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from bench.report.points import CLS, EMB, EMB8, ENS, FUSED, GRAPH, POST, PRE, STEPS, find, one
+from bench.harness import variants
+from bench.report.points import find, one
+from pipelines import classification, embedding
 
 
 class NotComputable(str):
@@ -95,11 +97,11 @@ def _saturated(rows, **match) -> float | None:
 
 
 def _hop_end_to_end(rows, raw) -> float | None:
-    row = one(rows, **_triton(ENS, level=1))
+    row = one(rows, **_triton(classification.ENSEMBLE, level=1))
     pipeline = row and reference(row, raw, 1)
     if not pipeline:
         return None
-    return (row["p50_ms"] - 1000.0 / pipeline) / STEPS
+    return (row["p50_ms"] - 1000.0 / pipeline) / len(variants.STEPS)
 
 
 def reference(row: dict, raw: dict, batch: int | None = None) -> float | None:
@@ -145,7 +147,9 @@ def _vs_pipeline_peer(model: str, level: int, field: str) -> Callable[[list[dict
 
     def compute(rows, raw):
         ours = one(rows, **_triton(model, "http", level=level))
-        theirs = one(rows, system="peer", model=ENS, payload="binary", level=float(level))
+        theirs = one(
+            rows, system="peer", model=classification.ENSEMBLE, payload="binary", level=float(level)
+        )
         if not ours or not theirs:
             return None
         scales = [reference(row, raw) for row in (ours, theirs)]
@@ -162,10 +166,10 @@ def _ensemble_vs_stages(combine: Callable[[list[float]], float]):
     """Ensemble throughput at c=16 ÷ ``combine`` of its three steps' own throughputs."""
 
     def compute(rows, raw) -> float | None:
-        stages = [_thr(rows, **_triton(m, level=16)) for m in (PRE, CLS, POST)]
+        stages = [_thr(rows, **_triton(m, level=16)) for m in variants.STEPS]
         if any(not s for s in stages):
             return None
-        return ratio(_thr(rows, **_triton(ENS, level=16)), combine(stages))
+        return ratio(_thr(rows, **_triton(classification.ENSEMBLE, level=16)), combine(stages))
 
     return compute
 
@@ -180,7 +184,7 @@ _shared_core_bound = _ensemble_vs_stages(lambda stages: 1.0 / sum(1.0 / s for s 
 def _vs_peer_at_equal_p99(
     name: str,
     payload: str,
-    model: str = CLS,
+    model: str = classification.CLASSIFIER,
     *,
     dataset: str = "samples",
     peer_model: str | None = None,
@@ -209,7 +213,9 @@ def _vs_peer_at(
 
     def compute(rows, raw):
         ours = one(rows, **_triton(model, protocol="http", payload="json", level=level))
-        theirs = one(rows, system="peer", model=EMB, payload="json", level=level, calls="sync")
+        theirs = one(
+            rows, system="peer", model=embedding.ENSEMBLE, payload="json", level=level, calls="sync"
+        )
         return ratio(ours and ours[field], theirs and theirs[field])
 
     return compute
@@ -219,7 +225,7 @@ def _vs_peer_at(
 EMBED_ASYNC = dict(
     system="triton",
     variant="batching",
-    model=EMB,
+    model=embedding.ENSEMBLE,
     protocol="http",
     payload="json",
     calls="async",
@@ -228,11 +234,16 @@ EMBED_ASYNC = dict(
 
 
 PEER_ASYNC = dict(
-    system="peer", model=EMB, protocol="http", payload="json", calls="async", dataset="samples"
+    system="peer",
+    model=embedding.ENSEMBLE,
+    protocol="http",
+    payload="json",
+    calls="async",
+    dataset="samples",
 )
 
 
-INFINITY = dict(system="infinity", model=EMB, payload="openai", dataset="samples")
+INFINITY = dict(system="infinity", model=embedding.ENSEMBLE, payload="openai", dataset="samples")
 
 
 INFINITY_TARGET = 1.5  # embed ≥ 1.5x infinity-emb held to the same core
@@ -263,7 +274,7 @@ def vs_infinity(
 
 
 def _generator_headroom(
-    payload: str, model: str = CLS
+    payload: str, model: str = classification.CLASSIFIER
 ) -> Callable[[list[dict], dict], float | None]:
     """How far the load generator reached beyond the fastest result it is meant to measure.
 
@@ -322,7 +333,12 @@ def mixed_metric(server: str, level: int, field: str = "throughput", vs: str | N
 def _short_saturated(rows, raw) -> float | None:
     """Embed's best texts/s on short texts, any protocol ÷ the raw engine at its best batch."""
     served = _saturated(
-        rows, system="triton", variant="batching", model=EMB, dataset="samples", mode="concurrency"
+        rows,
+        system="triton",
+        variant="batching",
+        model=embedding.ENSEMBLE,
+        dataset="samples",
+        mode="concurrency",
     )
     return ratio(served, _raw_best("embed")(raw))
 
@@ -339,18 +355,20 @@ METRICS = [
     Metric(
         "served batching gain (classifier c=16: batching ÷ no-batching)",
         lambda rows, raw: ratio(
-            _thr(rows, **_triton(CLS, level=16)),
-            _thr(rows, **_triton(CLS, variant="no-batching", level=16)),
+            _thr(rows, **_triton(classification.CLASSIFIER, level=16)),
+            _thr(rows, **_triton(classification.CLASSIFIER, variant="no-batching", level=16)),
         ),
     ),
     Metric(
         "dynamic batching captures (classifier c=16 ÷ raw at its best batch)",
-        lambda rows, raw: ratio(_thr(rows, **_triton(CLS, level=16)), max(raw["model"].values())),
+        lambda rows, raw: ratio(
+            _thr(rows, **_triton(classification.CLASSIFIER, level=16)), max(raw["model"].values())
+        ),
         target=0.9,
     ),
     *(
         metric
-        for model in (ENS, FUSED)
+        for model in (classification.ENSEMBLE, classification.FUSED)
         for protocol in ("grpc", "http")
         for metric in (
             Metric(
@@ -367,7 +385,9 @@ METRICS = [
     ),
     Metric(
         "classifier alone ÷ raw model, concurrency 1 (gRPC)",
-        lambda rows, raw: ratio(_thr(rows, **_triton(CLS, level=1)), raw["model"][1]),
+        lambda rows, raw: ratio(
+            _thr(rows, **_triton(classification.CLASSIFIER, level=1)), raw["model"][1]
+        ),
     ),
     Metric("ensemble ÷ its slowest stage (c=16)", _slowest_stage, target=0.8),
     Metric(
@@ -390,7 +410,7 @@ METRICS = [
             higher_is_better=field == "throughput",
             note="the same JPEG bytes → top-5 behind FastAPI and a micro-batcher",
         )
-        for model in (ENS, FUSED)
+        for model in (classification.ENSEMBLE, classification.FUSED)
         for level in (8, 32)
         for what, field, target in (("images/s", "throughput", 1.0), ("p99", "p99_ms", 1.1))
     ),
@@ -404,35 +424,45 @@ METRICS = [
     ),
     Metric(
         "embed served ÷ raw embed pipeline, saturation (gRPC, short texts)",
-        lambda rows, raw: ratio(_saturated(rows, **_triton(EMB)), _raw_best("embed")(raw)),
+        lambda rows, raw: ratio(
+            _saturated(rows, **_triton(embedding.ENSEMBLE)), _raw_best("embed")(raw)
+        ),
     ),
     Metric(
         "embed served ÷ raw embed pipeline, concurrency 1 (gRPC)",
-        lambda rows, raw: ratio(_thr(rows, **_triton(EMB, level=1)), raw.get("embed", {}).get(1)),
+        lambda rows, raw: ratio(
+            _thr(rows, **_triton(embedding.ENSEMBLE, level=1)), raw.get("embed", {}).get(1)
+        ),
     ),
     Metric(
         "embed response-cache hits ÷ computed embeddings (HTTP JSON, c=16)",
         lambda rows, raw: ratio(
-            _thr(rows, **_triton(EMB, "http", payload="json", level=16, dataset="repeated")),
-            _thr(rows, **_triton(EMB, "http", payload="json", level=16)),
+            _thr(
+                rows,
+                **_triton(embedding.ENSEMBLE, "http", payload="json", level=16, dataset="repeated"),
+            ),
+            _thr(rows, **_triton(embedding.ENSEMBLE, "http", payload="json", level=16)),
         ),
     ),
     Metric(
         "INT8 ÷ fp32 encoder, served embed (gRPC, c=16)",
         lambda rows, raw: ratio(
-            _thr(rows, **_triton(EMB8, level=16)), _thr(rows, **_triton(EMB, level=16))
+            _thr(rows, **_triton(embedding.INT8_ENSEMBLE, level=16)),
+            _thr(rows, **_triton(embedding.ENSEMBLE, level=16)),
         ),
     ),
     Metric(
         "INT8 ÷ fp32 encoder, raw embed pipeline (best batch)",
         lambda rows, raw: ratio(_raw_best("embed_int8")(raw), _raw_best("embed")(raw)),
     ),
-    _vs_peer_at_equal_p99("Triton ÷ peer (embed, same JSON payload), equal p99", "json", EMB),
+    _vs_peer_at_equal_p99(
+        "Triton ÷ peer (embed, same JSON payload), equal p99", "json", embedding.ENSEMBLE
+    ),
     _vs_peer_at_equal_p99(
         "Triton ÷ peer (embed_graph: one process, same JSON payload), equal p99",
         "json",
-        GRAPH,
-        peer_model=EMB,
+        embedding.GRAPH_ENSEMBLE,
+        peer_model=embedding.ENSEMBLE,
     ),
     *(
         Metric(
@@ -440,7 +470,7 @@ METRICS = [
             _vs_peer_at(model, level),
             target=1.2 if level in (8, 32) else None,
         )
-        for model in (EMB, GRAPH)
+        for model in (embedding.ENSEMBLE, embedding.GRAPH_ENSEMBLE)
         for level in (1, 8, 32)
     ),
     *(
@@ -450,12 +480,14 @@ METRICS = [
             target=1.0,
             higher_is_better=False,
         )
-        for model in (EMB, GRAPH)
+        for model in (embedding.ENSEMBLE, embedding.GRAPH_ENSEMBLE)
         for level in (1, 8, 32)
     ),
     Metric(
         "embed_graph served ÷ raw embed pipeline, saturation (gRPC, short texts)",
-        lambda rows, raw: ratio(_saturated(rows, **_triton(GRAPH)), _raw_best("embed")(raw)),
+        lambda rows, raw: ratio(
+            _saturated(rows, **_triton(embedding.GRAPH_ENSEMBLE)), _raw_best("embed")(raw)
+        ),
         target=0.9,
     ),
     *(
@@ -463,7 +495,7 @@ METRICS = [
             f"embed ÷ infinity-emb texts/s at concurrency {level} (async calls, same core)",
             vs_infinity(EMBED_ASYNC, level),
             target=INFINITY_TARGET,
-            needs_headroom=("openai", EMB),
+            needs_headroom=("openai", embedding.ENSEMBLE),
         )
         for level in (1, 8, 32)
     ),
@@ -484,20 +516,20 @@ METRICS = [
     ),
     Metric(
         "load generator headroom, OpenAI /embeddings (null server ÷ infinity-emb's best)",
-        _generator_headroom("openai", EMB),
+        _generator_headroom("openai", embedding.ENSEMBLE),
         target=2.0,
         note="as above",
     ),
     _vs_peer_at_equal_p99(
         "Triton cache hits ÷ peer (embed, same JSON payload), equal p99",
         "json",
-        EMB,
+        embedding.ENSEMBLE,
         dataset="repeated",
         note="repeated queries; the peer has no cache, as a plain FastAPI service",
     ),
     Metric(
         "load generator headroom, embed JSON (null model or cache hits ÷ fastest computed)",
-        _generator_headroom("json", EMB),
+        _generator_headroom("json", embedding.ENSEMBLE),
         target=2.0,
         note="as above",
     ),
@@ -537,7 +569,7 @@ TARGETS = [
             f"short texts, c={level}: embed ÷ FastAPI batcher, texts/s",
             _vs_peer_async(level),
             target=1.0,
-            needs_headroom=("json", EMB),
+            needs_headroom=("json", embedding.ENSEMBLE),
         )
         for level in (8, 32)
     ),

@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines import classification, image, imagenet
-from pipelines.backend import batching as bk
-from pipelines.backend import engines, step_metrics, step_traces, torch_io
+from pipelines.backend import batching, engines, step_metrics, step_traces, torch_io
 
 
 # What each request holds, and what it gets back -------------------------------------------------
@@ -31,8 +30,8 @@ def read_images(request, failures: step_metrics.PreprocessMetrics) -> list[bytes
     one request may decode (``image.MAX_REQUEST_PIXELS``).
     """
     try:
-        items = bk.inputs(request, [classification.IMAGE])[classification.IMAGE].reshape(-1)
-    except bk.RequestError:
+        items = batching.inputs(request, [classification.IMAGE])[classification.IMAGE].reshape(-1)
+    except batching.RequestError:
         failures.failed(["no images in the request"])
         raise
     images = [bytes(item) for item in items]
@@ -43,23 +42,23 @@ def read_images(request, failures: step_metrics.PreprocessMetrics) -> list[bytes
             f"{image.MAX_REQUEST_PIXELS} one request may decode"
         )
         failures.failed([problem])
-        raise bk.RequestError(problem)
+        raise batching.RequestError(problem)
     return images
 
 
 def read_top_k(request, default: int) -> int:
     """The request's TOP_K (one value for all its images), or ``default`` without one."""
-    ks = bk.input_array(request, classification.TOP_K)
+    ks = batching.input_array(request, classification.TOP_K)
     if ks is None:
         return default
     ks = ks.reshape(-1)
     if len(ks) == 0 or np.any(ks != ks[0]):
-        raise bk.RequestError(
+        raise batching.RequestError(
             f"{classification.TOP_K} must be one value for the whole request, got {ks}"
         )
     k = int(ks[0])
     if not 1 <= k <= classification.NUM_CLASSES:
-        raise bk.RequestError(
+        raise batching.RequestError(
             f"{classification.TOP_K} must be between 1 and {classification.NUM_CLASSES}, got {k}"
         )
     return k
@@ -70,13 +69,13 @@ def spans(counts: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(itertools.accumulate(counts, initial=0)))
 
 
-def per_request(counts: list[int], errors: list) -> list[tuple[int, int] | bk.RequestError]:
+def per_request(counts: list[int], errors: list) -> list[tuple[int, int] | batching.RequestError]:
     """Each request's (start, end) rows of a batch of images, or the error of its first bad one."""
     out = []
     for start, end in spans(counts):
         bad = [(i, e) for i, e in enumerate(errors[start:end]) if e is not None]
         out.append(
-            bk.RequestError(f"{classification.IMAGE}[{bad[0][0]}]: {bad[0][1]}")
+            batching.RequestError(f"{classification.IMAGE}[{bad[0][0]}]: {bad[0][1]}")
             if bad
             else (start, end)
         )
@@ -122,10 +121,12 @@ class PreprocessModel:
         self.name = args["model_name"]
         self.device = torch_io.instance_device(args)
         self.metrics = step_metrics.PreprocessMetrics(args)
-        self.respond = bk.respond_arrays if self.device == "cpu" else torch_io.respond_tensors
+        self.respond = batching.respond_arrays if self.device == "cpu" else torch_io.respond_tensors
         # output_device cpu: decode on the GPU, hand the pixels over in host memory (a
         # diagnostic variant: no GPU tensor crosses to the classifier's process).
-        self.to_host = self.device != "cpu" and bk.parameters(args).get("output_device") == "cpu"
+        self.to_host = (
+            self.device != "cpu" and batching.parameters(args).get("output_device") == "cpu"
+        )
 
     def finalize(self):
         """Release the metric series before the stub exits."""
@@ -156,7 +157,7 @@ class PreprocessModel:
 
     def execute(self, requests):
         """One response per request, in order."""
-        return bk.execute(
+        return batching.execute(
             requests,
             lambda r: read_images(r, self.metrics),
             self._run,
@@ -172,12 +173,12 @@ class PostprocessModel:
     def initialize(self, args):
         """Read the default k; load the label table before the first request."""
         self.name = args["model_name"]
-        self.default_k = int(bk.parameters(args).get("top_k", classification.DEFAULT_TOP_K))
+        self.default_k = int(batching.parameters(args).get("top_k", classification.DEFAULT_TOP_K))
         imagenet.label_names(np.zeros(1, dtype=np.int32))
 
     def _parse(self, request) -> tuple[np.ndarray, int]:
         k = read_top_k(request, self.default_k)
-        return bk.inputs(request, [classification.LOGITS])[classification.LOGITS], k
+        return batching.inputs(request, [classification.LOGITS])[classification.LOGITS], k
 
     def _run(self, items: list[tuple[np.ndarray, int]]) -> list[dict]:
         rows = spans([len(x) for x, _ in items])
@@ -185,7 +186,7 @@ class PostprocessModel:
 
     def execute(self, requests):
         """One response per request, in order; a bad TOP_K fails only its request."""
-        return bk.execute(
+        return batching.execute(
             requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
         )
 
@@ -219,13 +220,13 @@ class FusedClassifyModel:
     def initialize(self, args):
         """Open the model this config names, on this instance's device; load the labels."""
         self.name = args["model_name"]
-        params = bk.parameters(args)
+        params = batching.parameters(args)
         self.default_k = int(params.get("top_k", classification.DEFAULT_TOP_K))
         if params.get("runtime") == "torch":
             from pipelines.gpu_classifier import TorchImagePipeline  # torch: GPU hosts only
 
             device = torch_io.instance_device(args)
-            self.pipeline = TorchImagePipeline(params, device, bk.max_batch_size(args))
+            self.pipeline = TorchImagePipeline(params, device, batching.max_batch_size(args))
         else:
             # The path is relative to the repository, which is this model folder's parent.
             onnx_path = Path(args["model_repository"]).parent / params["model"]
@@ -262,6 +263,6 @@ class FusedClassifyModel:
 
     def execute(self, requests):
         """One response per request, in order; a bad image or TOP_K fails only its request."""
-        return bk.execute(
+        return batching.execute(
             requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
         )

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.backend import batching as bk
-from pipelines.backend import engines
+from pipelines.backend import batching, engines
 
 
 class OnnxRuntimeModel:
@@ -24,18 +23,18 @@ class OnnxRuntimeModel:
     config parameter ``onnxruntime_extensions: "yes"`` registers onnxruntime-extensions' ops.
     """
 
-    read = staticmethod(bk.input_array)
+    read = staticmethod(batching.input_array)
 
     def initialize(self, args):
         """Open the graph with the thread budget the config gives this instance."""
         self.name = args["model_name"]
         config = json.loads(args["model_config"])
-        params = bk.parameters(args)
+        params = batching.parameters(args)
         self.inputs = [t["name"] for t in config["input"]]
         self.outputs = [t["name"] for t in config["output"]]
         path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
         self.engine = engines.open_engine(path, self.outputs, params)
-        self.run = bk.concatenated(self._run)
+        self.run = batching.concatenated(self._run)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.outputs, self.engine(feeds), strict=True))
@@ -45,11 +44,11 @@ class OnnxRuntimeModel:
 
         A run that fails is repeated per request, so only the culprit fails.
         """
-        return bk.execute(
+        return batching.execute(
             requests,
-            lambda r: bk.inputs(r, self.inputs, self.read),
+            lambda r: batching.inputs(r, self.inputs, self.read),
             self.run,
             model=self.name,
-            group=bk.shapes,
+            group=batching.shapes,
             isolate=True,
         )

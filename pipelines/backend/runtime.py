@@ -6,7 +6,7 @@ torch on GPU.
 
 from __future__ import annotations
 
-from pipelines.backend import batching as bk
+from pipelines.backend import batching
 
 
 class RuntimeModel:
@@ -14,7 +14,7 @@ class RuntimeModel:
 
     def initialize(self, args):
         """Pick and initialize the runner."""
-        runtime = bk.parameters(args).get("runtime", "onnxruntime")
+        runtime = batching.parameters(args).get("runtime", "onnxruntime")
         if runtime == "onnxruntime":
             from pipelines.backend.onnx_model import OnnxRuntimeModel as Runner
         elif runtime == "torch":

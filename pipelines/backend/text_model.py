@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines import embedding, padding, text_cache, tokenization
-from pipelines.backend import batching as bk
-from pipelines.backend import engines, step_metrics, step_traces, torch_io
+from pipelines.backend import batching, engines, step_metrics, step_traces, torch_io
 
 
 def token_counts(tokens: list[list[int]]) -> np.ndarray:
@@ -69,8 +68,8 @@ def read_texts(request) -> Texts:
     Raises:
         tokenization.TextError: a text that is not one, or flags that are not one per text.
     """
-    texts = tokenization.decode_texts(bk.input_array(request, embedding.TEXT))
-    flags = bk.input_array(request, embedding.TRUNCATE)
+    texts = tokenization.decode_texts(batching.input_array(request, embedding.TEXT))
+    flags = batching.input_array(request, embedding.TRUNCATE)
     if flags is None:
         return Texts(texts, [False] * len(texts))
     if flags.size != len(texts):
@@ -94,7 +93,7 @@ class TokenizeModel:
     def initialize(self, args):
         """Load the tokenizer before the first request; create this instance's metrics."""
         self.name = args["model_name"]
-        self.tokenizer = tokenization.tokenizer(*tokenizer_file(args, bk.parameters(args)))
+        self.tokenizer = tokenization.tokenizer(*tokenizer_file(args, batching.parameters(args)))
         self.metrics = step_metrics.TokenizeMetrics(args)
 
     def finalize(self):
@@ -106,7 +105,7 @@ class TokenizeModel:
             return read_texts(request)
         except tokenization.TextError as exc:
             self.metrics.failed([exc])
-            raise bk.RequestError(str(exc)) from None
+            raise batching.RequestError(str(exc)) from None
 
     def _run(self, items: list[Texts]) -> list[dict | Exception]:
         texts = [t for r in items for t in r.texts]
@@ -119,7 +118,7 @@ class TokenizeModel:
             error = request.refusal(lengths[mine])
             if error is not None:
                 refused.append(error)
-                outputs.append(bk.RequestError(str(error)))
+                outputs.append(batching.RequestError(str(error)))
                 continue
             # Each request padded to the bucket of its own longest text.
             ids, mask = padding.pad(tokens[mine])
@@ -139,7 +138,7 @@ class TokenizeModel:
 
     def execute(self, requests):
         """One response per request, in order."""
-        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len)
+        return batching.execute(requests, self._parse, self._run, model=self.name, rows=len)
 
 
 class TokenizeEncodeModel(TokenizeModel):
@@ -147,7 +146,7 @@ class TokenizeEncodeModel(TokenizeModel):
 
     def initialize(self, args):
         """Open the encoder of this version (its graph, or Triton's model), then the tokenizer."""
-        params = bk.parameters(args)
+        params = batching.parameters(args)
         version = args["model_version"]
         # Another text service's encoder (python -m export sentence) is named by a parameter.
         encoder = params.get("encoder", embedding.ENCODER)
@@ -242,7 +241,7 @@ class TokenizeEncodeModel(TokenizeModel):
             error = request.refusal(lengths)
             if error is not None:
                 refused.append(error)
-                outputs.append(bk.RequestError(str(error)))
+                outputs.append(batching.RequestError(str(error)))
                 continue
             outputs.append(
                 {
@@ -255,7 +254,9 @@ class TokenizeEncodeModel(TokenizeModel):
 
     def execute(self, requests):
         """Every text of every request in one tokenizer call and sorted encoder runs."""
-        return bk.execute(requests, self._parse, self._run, model=self.name, rows=len, isolate=True)
+        return batching.execute(
+            requests, self._parse, self._run, model=self.name, rows=len, isolate=True
+        )
 
 
 class TextRowsModel:
@@ -271,21 +272,23 @@ class TextRowsModel:
         self.name = args["model_name"]
 
     def _parse(self, request) -> tuple[np.ndarray, bool]:
-        texts = bk.input_array(request, embedding.TEXTS)
+        texts = batching.input_array(request, embedding.TEXTS)
         if texts is None or texts.size == 0:
-            raise bk.RequestError(f"{embedding.TEXTS} holds no texts: send a 1-D batch of texts")
+            raise batching.RequestError(
+                f"{embedding.TEXTS} holds no texts: send a 1-D batch of texts"
+            )
         if texts.ndim != 1:
-            raise bk.RequestError(
+            raise batching.RequestError(
                 f"{embedding.TEXTS} must be 1-D [N], got shape {list(texts.shape)}"
             )
         if len(texts) > embedding.MAX_TEXTS:
-            raise bk.RequestError(
+            raise batching.RequestError(
                 f"{embedding.TEXTS} has {len(texts)} texts; "
                 f"at most {embedding.MAX_TEXTS} fit in one request"
             )
-        flag = bk.input_array(request, embedding.TRUNCATE)
+        flag = batching.input_array(request, embedding.TRUNCATE)
         if flag is not None and flag.size != 1:
-            raise bk.RequestError(
+            raise batching.RequestError(
                 f"{embedding.TRUNCATE} is one flag for all the texts, got shape {list(flag.shape)}"
             )
         return texts, flag is not None and bool(flag.reshape(-1)[0])
@@ -302,7 +305,7 @@ class TextRowsModel:
 
     def execute(self, requests):
         """One response per request, in order."""
-        return bk.execute(
+        return batching.execute(
             requests, self._parse, self._run, model=self.name, rows=lambda item: len(item[0])
         )
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 
 from pipelines import classification
-from pipelines.backend import batching as bk
-from pipelines.backend import torch_io
+from pipelines.backend import batching, torch_io
 from pipelines.gpu_classifier import ImageClassifier
 
 
@@ -33,12 +32,12 @@ class TorchClassifier:
     def initialize(self, args):
         """Load the pinned weights (sha256-checked) onto this instance's device and warm up."""
         self.name = args["model_name"]
-        params = bk.parameters(args)
+        params = batching.parameters(args)
         self.device = torch_io.instance_device(args)
-        max_batch = bk.max_batch_size(args)
+        max_batch = batching.max_batch_size(args)
         self.classifier = ImageClassifier.from_parameters(params, self.device, max_batch)
         to_host = params.get("output_device") == "cpu"
-        self.run = bk.concatenated(
+        self.run = batching.concatenated(
             lambda b: {classification.LOGITS: self._logits(b[classification.PIXELS], to_host)},
             torch.cat,
         )
@@ -52,9 +51,9 @@ class TorchClassifier:
 
         A pass that fails is repeated per request, so only the culprit fails.
         """
-        return bk.execute(
+        return batching.execute(
             requests,
-            lambda r: bk.inputs(r, [classification.PIXELS], self._read),
+            lambda r: batching.inputs(r, [classification.PIXELS], self._read),
             self.run,
             model=self.name,
             isolate=True,

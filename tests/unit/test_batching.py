@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import triton_python_backend_utils as pb_utils
 
-from pipelines.backend import batching as bk
+from pipelines.backend import batching
 
 MODEL = "toy"
 INVALID, INTERNAL = pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.INTERNAL
@@ -18,7 +18,7 @@ CANCELLED = pb_utils.TritonError.CANCELLED
 
 
 class Counting:
-    """``fn`` for ``bk.concatenated``: ``Y = 10 * X``; records the batch shape of every call."""
+    """``fn`` for ``batching.concatenated``: ``Y = 10 * X``; records each call's batch shape."""
 
     def __init__(self, drop_rows: int = 0, poison: float | None = None):
         self.shapes: list[tuple] = []
@@ -39,11 +39,11 @@ def request(x, cancelled: bool = False) -> pb_utils.InferenceRequest:
 
 
 def parse(r) -> dict:
-    return bk.inputs(r, ["X"])
+    return batching.inputs(r, ["X"])
 
 
 def serve(requests, fn, **kwargs) -> list:
-    return bk.execute(requests, parse, bk.concatenated(fn), model=MODEL, **kwargs)
+    return batching.execute(requests, parse, batching.concatenated(fn), model=MODEL, **kwargs)
 
 
 def y(response) -> np.ndarray:
@@ -70,7 +70,7 @@ def test_mixed_shapes_run_once_per_shape_and_answer_in_request_order():
     # Interleaved: shape (3,), (5,), (3,), (5,), (3,).
     rows = [np.full((1, 3), 1), np.full((2, 5), 2), np.full((2, 3), 3), np.full((1, 5), 4)]
     rows.append(np.full((1, 3), 5))
-    responses = serve([request(r) for r in rows], fn, group=bk.shapes)
+    responses = serve([request(r) for r in rows], fn, group=batching.shapes)
     # One run per shape group, in the order each shape first came, with all of its rows.
     assert fn.shapes == [(4, 3), (3, 5)]
     assert len(responses) == len(rows)
@@ -86,8 +86,8 @@ def test_a_cancelled_request_gets_cancelled_and_costs_nothing():
         return parse(r)
 
     live, gone = request([[1, 2]]), request([[7, 7]], cancelled=True)
-    responses = bk.execute(
-        [live, gone, request([[3, 4]])], parse_counted, bk.concatenated(fn), model=MODEL
+    responses = batching.execute(
+        [live, gone, request([[3, 4]])], parse_counted, batching.concatenated(fn), model=MODEL
     )
     assert error(responses[1]) == (CANCELLED, "request cancelled")
     assert gone not in parsed
@@ -139,7 +139,7 @@ def test_a_run_returning_the_wrong_number_of_results_fails_internal():
     def run(items):
         return [{"Y": item["X"]} for item in items][:1]
 
-    responses = bk.execute([request([[1.0]]), request([[2.0]])], parse, run, model=MODEL)
+    responses = batching.execute([request([[1.0]]), request([[2.0]])], parse, run, model=MODEL)
     for response in responses:
         assert error(response) == (
             INTERNAL,
@@ -151,7 +151,7 @@ def test_rows_checks_each_requests_outputs():
     def run(items):  # the second request's output loses a row
         return [{"Y": item["X"][: len(item["X"]) - k]} for k, item in enumerate(items)]
 
-    responses = bk.execute(
+    responses = batching.execute(
         [request([[1.0]]), request([[2.0], [3.0]])],
         parse,
         run,
@@ -175,13 +175,13 @@ def test_a_parse_that_breaks_or_a_response_that_cannot_be_built_is_internal():
     def respond(outputs):
         if outputs["Y"][0, 0] == 20:
             raise TypeError("cannot hand this dtype over")
-        return bk.respond_arrays(outputs)
+        return batching.respond_arrays(outputs)
 
     fn = Counting()
-    responses = bk.execute(
+    responses = batching.execute(
         [request([[0.0]]), request([[1.0]]), request([[2.0]])],
         parse_buggy,
-        bk.concatenated(fn),
+        batching.concatenated(fn),
         model=MODEL,
         respond=respond,
     )
@@ -194,16 +194,16 @@ def test_a_parse_that_breaks_or_a_response_that_cannot_be_built_is_internal():
 def test_a_request_error_returned_by_run_is_invalid_arg_for_that_request_only():
     def run(items):
         return [
-            bk.RequestError("X[0]: not a photo") if item["X"][0, 0] < 0 else {"Y": item["X"]}
+            batching.RequestError("X[0]: not a photo") if item["X"][0, 0] < 0 else {"Y": item["X"]}
             for item in items
         ]
 
-    responses = bk.execute([request([[-1.0]]), request([[1.0]])], parse, run, model=MODEL)
+    responses = batching.execute([request([[-1.0]]), request([[1.0]])], parse, run, model=MODEL)
     assert error(responses[0]) == (INVALID, "X[0]: not a photo")
     np.testing.assert_array_equal(y(responses[1]), [[1.0]])
 
 
 @pytest.mark.parametrize("sizes", [[2, 1], [1, 1, 1]])
 def test_split_rows_refuses_a_batch_whose_rows_do_not_add_up(sizes):
-    with pytest.raises(bk.RowCountError, match=r"output LOGITS has 4 rows for \d input rows"):
-        bk.split_rows(np.zeros((4, 2)), sizes, "LOGITS")
+    with pytest.raises(batching.RowCountError, match=r"output LOGITS has 4 rows for \d input rows"):
+        batching.split_rows(np.zeros((4, 2)), sizes, "LOGITS")

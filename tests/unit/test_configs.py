@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import model_config_pb2
 
 import model_config
 from export import onnx_export
@@ -79,8 +79,8 @@ SAYS_IMAGE = "the signature says TYPE_STRING [1]"
     "drift, expected",
     [
         (lambda c: c.input[0].dims.append(1), "input IMAGE: TYPE_STRING [1, 1], " + SAYS_IMAGE),
-        (lambda c: setattr(c.input[0], "data_type", mc.TYPE_UINT8), "input IMAGE: TYPE_UINT8 [1], "
-         + SAYS_IMAGE),
+        (lambda c: setattr(c.input[0], "data_type", model_config_pb2.TYPE_UINT8),
+         "input IMAGE: TYPE_UINT8 [1], " + SAYS_IMAGE),
         (lambda c: setattr(c.input[1], "optional", False), "input TOP_K: TYPE_INT32 [1], "
          "the signature says TYPE_INT32 [1] optional"),
         (lambda c: c.input.add(name="EXTRA"), "input EXTRA: not in the signature"),
@@ -125,14 +125,16 @@ def test_environment_configs_pick_the_right_devices(model):
     model_dir = MODEL_REPOSITORY / model
     local = parse(model_dir / "configs" / "local.pbtxt")
     assert local.backend == "python"
-    assert {g.kind for g in local.instance_group} == {mc.ModelInstanceGroup.KIND_CPU}
+    assert {g.kind for g in local.instance_group} == {model_config_pb2.ModelInstanceGroup.KIND_CPU}
     # GPU configs say how many instances per GPU; which GPUs is generated at start
     # (server/gpus.py), so a hand-written gpus list is a mistake.
     backends = {"gpu": "tensorrt", "gpu-ort": "onnxruntime"}
     for name, backend in backends.items():
         gpu = parse(model_dir / "configs" / f"{name}.pbtxt")
         assert gpu.backend == backend
-        assert all(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in gpu.instance_group)
+        assert all(
+            g.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU for g in gpu.instance_group
+        )
         assert not any(g.gpus for g in gpu.instance_group)
         assert gpu.model_warmup, "the first requests must not pay for lazy initialization"
     default = parse(model_dir / "config.pbtxt")

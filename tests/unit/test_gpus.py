@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import model_config_pb2
 
 import model_config
 from paths import MODEL_REPOSITORY
@@ -39,7 +39,7 @@ def test_cuda_visible_devices_selects_and_renumbers(visible, expected):
     assert [g.index for g in chosen] == list(range(len(expected)))
 
 
-def classifier_gpu_config() -> mc.ModelConfig:
+def classifier_gpu_config() -> model_config_pb2.ModelConfig:
     return model_config.parse(MODEL_REPOSITORY / "classifier" / "configs" / "gpu.pbtxt")
 
 
@@ -47,16 +47,16 @@ def test_one_group_per_gpu_with_the_requested_count():
     config = classifier_gpu_config()
     gpus.place_instances(config, MACHINE[:2], per_gpu=3)
     assert [(list(g.gpus), g.count, g.kind) for g in config.instance_group] == [
-        ([0], 3, mc.ModelInstanceGroup.KIND_GPU),
-        ([1], 3, mc.ModelInstanceGroup.KIND_GPU),
+        ([0], 3, model_config_pb2.ModelInstanceGroup.KIND_GPU),
+        ([1], 3, model_config_pb2.ModelInstanceGroup.KIND_GPU),
     ]
     assert len({g.name for g in config.instance_group}) == 2
 
 
 def test_hand_placed_and_cpu_groups_are_kept():
-    config = mc.ModelConfig(name="m")
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_GPU, count=2, gpus=[1])
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=4)
+    config = model_config_pb2.ModelConfig(name="m")
+    config.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_GPU, count=2, gpus=[1])
+    config.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=4)
     before = config.SerializeToString()
     gpus.place_instances(config, MACHINE, per_gpu=None)
     assert config.SerializeToString() == before
@@ -66,7 +66,7 @@ def test_without_gpus_the_groups_run_on_cpu():
     config = classifier_gpu_config()
     gpus.place_instances(config, [], per_gpu=None)
     assert [(g.kind, g.count) for g in config.instance_group] == [
-        (mc.ModelInstanceGroup.KIND_CPU, 1)
+        (model_config_pb2.ModelInstanceGroup.KIND_CPU, 1)
     ]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import triton_python_backend_utils as pb_utils
 
-from pipelines.backend import torch_io as tb
+from pipelines.backend import torch_io
 
 KDL_CUDA = 2  # dlpack.h DLDeviceType
 
@@ -33,7 +33,7 @@ class OnGpu:
 def test_torch_outputs_are_handed_over_as_tensors_not_capsules():
     # The stub waits for the producer's stream only for an object with __dlpack__; a capsule
     # made by to_dlpack skips that (python_backend r24.10 src/pb_tensor.cc FromDLPack).
-    response = tb.respond_tensors({"LOGITS": torch.arange(6.0).reshape(2, 3)})
+    response = torch_io.respond_tensors({"LOGITS": torch.arange(6.0).reshape(2, 3)})
     (tensor,) = response.output_tensors()
     assert isinstance(tensor.dlpack_source, torch.Tensor)
     assert tensor.as_numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
@@ -43,7 +43,9 @@ def test_a_gpu_instance_makes_its_gpu_current_and_keeps_cudnn_benchmark_off(monk
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    device = tb.instance_device({"model_instance_kind": "GPU", "model_instance_device_id": "1"})
+    device = torch_io.instance_device(
+        {"model_instance_kind": "GPU", "model_instance_device_id": "1"}
+    )
     assert device == "cuda:1" and chosen == [1]
     assert torch.backends.cudnn.benchmark is False
 
@@ -51,7 +53,8 @@ def test_a_gpu_instance_makes_its_gpu_current_and_keeps_cudnn_benchmark_off(monk
 def test_a_cpu_instance_touches_no_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: (_ for _ in ()).throw(AssertionError))
     assert (
-        tb.instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) == "cpu"
+        torch_io.instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"})
+        == "cpu"
     )
 
 
@@ -61,7 +64,7 @@ def test_an_input_held_on_the_gpu_is_read_through_dlpack_without_a_copy():
     assert not held.is_cpu()
     with pytest.raises(pb_utils.TritonModelException, match="stored in GPU"):
         held.as_numpy()
-    got = tb.input_tensor(pb_utils.InferenceRequest([held]), "PIXELS", "cpu")
+    got = torch_io.input_tensor(pb_utils.InferenceRequest([held]), "PIXELS", "cpu")
     assert got.data_ptr() == data.data_ptr()  # DLPack hands over the same memory
     assert torch.equal(got, data)
 
@@ -69,10 +72,10 @@ def test_an_input_held_on_the_gpu_is_read_through_dlpack_without_a_copy():
 def test_an_input_in_cpu_memory_is_read_as_numpy_and_a_missing_one_is_none():
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
     request = pb_utils.InferenceRequest([pb_utils.Tensor("PIXELS", array)])
-    got = tb.input_tensor(request, "PIXELS", "cpu")
+    got = torch_io.input_tensor(request, "PIXELS", "cpu")
     assert (
         got.data_ptr()
         == pb_utils.get_input_tensor_by_name(request, "PIXELS").as_numpy().ctypes.data
     )
     assert got.tolist() == array.tolist()
-    assert tb.input_tensor(request, "MISSING", "cpu") is None
+    assert torch_io.input_tensor(request, "MISSING", "cpu") is None

@@ -3,7 +3,7 @@
 import numpy as np
 
 from pipelines import tokenization
-from pipelines.backend import batching as bk
+from pipelines.backend import batching
 from pipelines.backend.onnx_model import OnnxRuntimeModel
 
 
@@ -14,7 +14,7 @@ class TritonPythonModel(OnnxRuntimeModel):
     def read(request, name):
         """TEXT items as str, or ``RequestError`` naming the bad one."""
         try:
-            texts = tokenization.decode_texts(bk.input_array(request, name))
+            texts = tokenization.decode_texts(batching.input_array(request, name))
         except tokenization.TextError as exc:
-            raise bk.RequestError(str(exc)) from None
+            raise batching.RequestError(str(exc)) from None
         return np.array(texts, dtype=object).reshape(-1, 1)
