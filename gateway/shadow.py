@@ -126,6 +126,16 @@ class Bounds:
     connections: int = 32
 
 
+# Each bound's option: (flag, its Bounds field, the bytes of one unit of it, what it bounds).
+BOUND_OPTIONS = (
+    ("--max-body-mib", "body", MIB, "a larger body is not read"),
+    ("--max-inflated-mib", "inflated", MIB, "what one request may inflate to, and decode to"),
+    ("--queue-mib", "queue", MIB, "bytes of bodies held at once"),
+    ("--queue", "items", 1, "requests held at once"),
+    ("--connections", "connections", 1, "connections served at once"),
+)
+
+
 class TooLargeError(ValueError):
     """A request that would take more than ``Bounds`` lets one take."""
 
@@ -662,7 +672,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="example: python -m gateway.shadow --stable 127.0.0.1:8000 "
         "--canary 127.0.0.1:8100 --port 9147 --metrics-port 9146",
     )
-    defaults = Bounds()
     parser.add_argument("--stable", action="append", required=True, help="a server's HTTP")
     parser.add_argument("--canary", action="append", required=True, help="a canary's HTTP")
     parser.add_argument(
@@ -673,42 +682,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--metrics-host", default="127.0.0.1", help="where /metrics is served (default loopback)"
     )
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
-    parser.add_argument(
-        "--max-body-mib",
-        type=int,
-        default=defaults.body // MIB,
-        help="a larger body is not read (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-inflated-mib",
-        type=int,
-        default=defaults.inflated // MIB,
-        help="what one request may inflate to, and decode to (default %(default)s)",
-    )
-    parser.add_argument(
-        "--queue-mib",
-        type=int,
-        default=defaults.queue // MIB,
-        help="bytes of bodies held at once (default %(default)s)",
-    )
-    parser.add_argument(
-        "--queue", type=int, default=defaults.items, help="requests held at once (default 64)"
-    )
-    parser.add_argument(
-        "--connections",
-        type=int,
-        default=defaults.connections,
-        help="connections served at once (default %(default)s)",
-    )
+    defaults = Bounds()
+    for flag, field, unit, text in BOUND_OPTIONS:
+        parser.add_argument(
+            flag,
+            type=int,
+            default=getattr(defaults, field) // unit,
+            help=f"{text} (default %(default)s)",
+        )
     parser.add_argument("--workers", type=int, default=2, help="requests replayed at once")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    given = vars(args)
     bounds = Bounds(
-        body=args.max_body_mib * MIB,
-        inflated=args.max_inflated_mib * MIB,
-        queue=args.queue_mib * MIB,
-        items=args.queue,
-        connections=args.connections,
+        **{
+            field: given[flag[2:].replace("-", "_")] * unit
+            for flag, field, unit, _ in BOUND_OPTIONS
+        }
     )
     comparator = Comparator(
         replay_on(args.stable, args.canary),
