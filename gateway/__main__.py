@@ -24,9 +24,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.nginx import rollout
+from gateway.nginx import options
 from gateway.nginx.config import (
-    TLS,
     Gateway,
     Listen,
     OpenAI,
@@ -67,9 +66,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         type=Path,
         help="token buckets per tenant and model (docker/nginx/limits.toml); default: none",
     )
-    serve.add_argument("--tls-cert", type=Path, help="PEM certificate: both ports TLS only")
-    serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    rollout.add_arguments(serve)
+    options.add_tls(serve)
+    options.add_rollout(serve)
     return parser.parse_known_args(argv)
 
 
@@ -80,14 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         find_nginx()
         find_js_module()
         limits = load_limits(args.limits) if args.limits else None
-        tls = None
-        if args.tls_cert or args.tls_key:
-            if not (args.tls_cert and args.tls_key):
-                raise ValueError("--tls-cert and --tls-key go together")
-            for path in (args.tls_cert, args.tls_key):
-                path.resolve(strict=True)  # FileNotFoundError naming it
-            tls = TLS(str(args.tls_cert.resolve()), str(args.tls_key.resolve()))
-        canary = rollout.from_args(args)
+        tls = options.tls_of(args, here=True)
+        canary = options.rollout_of(args)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

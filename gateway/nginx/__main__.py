@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.nginx import config, rollout
+from gateway.nginx import config, options, rollout
 from gateway.shaping import LIMITS, load_limits
 from paths import REPO_ROOT
 
@@ -36,8 +36,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="print the config to stdout")
-    r.add_argument("--http", action="append", required=True, help="a server's HTTP host:port")
-    r.add_argument("--grpc", action="append", required=True, help="a server's gRPC host:port")
+    options.repeated(r, "--http", "a server's HTTP host:port", required=True)
+    options.repeated(r, "--grpc", "a server's gRPC host:port", required=True)
     r.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     r.add_argument("--http-port", type=int, default=8000)
     r.add_argument("--grpc-port", type=int, default=8001)
@@ -75,18 +75,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"the folder where nginx finds {' and '.join(config.SCRIPTS)} "
         "(default: this checkout's)",
     )
-    r.add_argument(
+    options.repeated(
+        r,
         "--operator",
-        action="append",
-        type=config.operator_network,
-        default=[],
-        metavar="ADDRESS",
-        help="a client address or CIDR block that may read model configs and statistics "
+        "a client address or CIDR block that may read model configs and statistics "
         "(perf_analyzer needs both; repeatable); default: nobody",
+        config.operator_network,
+        "ADDRESS",
     )
-    r.add_argument("--tls-cert", help="PEM certificate (chain): both ports speak TLS only")
-    r.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    rollout.add_arguments(r)
+    r.add_argument(
+        "--access-log",
+        default=config.ACCESS_LOG,
+        help="where nginx writes a JSON line per inference request, with --limits or a rollout "
+        f"(default {config.ACCESS_LOG}, under nginx's prefix)",
+    )
+    options.add_tls(r)
+    options.add_rollout(r)
     r.add_argument(
         "--shares-file",
         type=Path,
@@ -103,17 +107,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     how.add_argument(
         "--per-request", dest="sticky", action="store_false", help="per request from now"
     )
-    r.add_argument(
-        "--access-log",
-        default=config.ACCESS_LOG,
-        help="where nginx writes a JSON line per inference request, with --limits or a rollout "
-        f"(default {config.ACCESS_LOG}, under nginx's prefix)",
-    )
     return parser.parse_args(argv)
 
 
 def gateway(args: argparse.Namespace) -> config.Gateway:
-    """The config's context from the command line (reads the limits file)."""
+    """The config's context from the command line (reads the limits file).
+
+    Raises:
+        ValueError: an option nginx cannot take (the message says which).
+    """
+    tls = options.tls_of(args)  # the first thing checked
     return config.Gateway(
         config.Upstreams(tuple(args.http), tuple(args.grpc)),
         config.Listen(args.http_port, args.grpc_port, args.host),
@@ -125,8 +128,8 @@ def gateway(args: argparse.Namespace) -> config.Gateway:
         config.Runtime(args.workers, args.user, args.js_module, args.js_dir, args.access_log),
         shaping=config.Shaping(load_limits(args.limits)) if args.limits else None,
         openai=config.OpenAI() if args.openai else None,
-        tls=config.TLS(args.tls_cert, args.tls_key) if args.tls_cert else None,
-        rollout=rollout.from_args(args, args.shares_file),
+        tls=tls,
+        rollout=options.rollout_of(args, args.shares_file),
     )
 
 
@@ -149,9 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "rollout":
         return move(args)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        print("--tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
     try:
         context = gateway(args)
     except ValueError as exc:

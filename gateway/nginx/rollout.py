@@ -13,7 +13,6 @@ dropped, and a request that starts after ``move`` returns meets the new shares.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -27,9 +26,7 @@ __all__ = [
     "STABLE",
     "Rollout",
     "Shares",
-    "add_arguments",
     "current",
-    "from_args",
     "move",
     "parse_share",
     "write",
@@ -171,45 +168,3 @@ def move(
     after = before.moved(changes, sticky)
     write(path, after)
     return before, after
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """A command line's rollout options (``from_args`` reads them)."""
-    parser.add_argument(
-        "--canary-http", action="append", default=[], help="a canary server's HTTP host:port"
-    )
-    parser.add_argument(
-        "--canary-grpc", action="append", default=[], help="a canary server's gRPC host:port"
-    )
-    parser.add_argument(
-        "--rollout",
-        action="append",
-        type=parse_share,
-        default=[],
-        metavar="MODEL=PERCENT",
-        help="a model the canaries serve in its new version, and its share of requests sent "
-        "there (repeatable; 0: none yet)",
-    )
-    parser.add_argument(
-        "--sticky", action="store_true", help="shares per tenant rather than per request"
-    )
-    parser.add_argument("--shadow", help="host:port of the comparator (python -m gateway.shadow)")
-    parser.add_argument(
-        "--sample",
-        type=float,
-        default=1.0,
-        help="percent of the rollout's requests copied to the comparator (default 1)",
-    )
-
-
-def from_args(args: argparse.Namespace, shares_file: Path | None = None) -> Rollout | None:
-    """The rollout of ``add_arguments``' options; None without any canary or share.
-
-    ``shares_file``: where nginx will read the shares (made absolute); default: the config's.
-    """
-    if not (args.canary_http or args.canary_grpc or args.rollout):
-        return None
-    shares = Shares(tuple(args.rollout), args.sticky)
-    canaries = (tuple(args.canary_http), tuple(args.canary_grpc))
-    where = str(shares_file.resolve()) if shares_file else SHARES_FILE
-    return Rollout(*canaries, shares, shares_file=where, shadow=args.shadow, sample=args.sample)
