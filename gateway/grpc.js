@@ -22,7 +22,7 @@
 // refused: gRPC's ModelInferRequest.parameters in the same walk (INVALID_ARGUMENT), HTTP's
 // JSON by `http` (400), which reads the JSON header (the whole body, or its first
 // Inference-Header-Content-Length bytes) before redirecting to @http_infer.
-// gateway/nginx/nginx.conf.j2 holds the locations and sets $grpc_models (the served models,
+// gateway/nginx/parts/*_server.j2 hold the locations and set $grpc_models (the served models,
 // space-separated) and $infer_header_max (the most bytes of JSON the gateway reads).
 
 import fs from 'fs';

@@ -9,7 +9,7 @@
 // `"truncate": true` (as text-embeddings-inference's API does), which sends TRUNCATE [n, 1].
 // A call of more texts than the model's max_batch_size goes out as several requests at once;
 // their results are joined in order. GET /v1/models lists the models.
-// gateway/nginx/nginx.conf.j2 holds the locations and sets:
+// gateway/nginx/parts/openai_locations.j2 holds the locations and sets:
 //   $openai_models      the model ids, space-separated
 //   $openai_max_inputs  the most texts one call may carry (413 above)
 //   $openai_chunk       texts per Triton request (the models' max_batch_size)
