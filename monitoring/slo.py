@@ -4,12 +4,16 @@ The objectives are written once, in ``docker/prometheus/slos.yml``; ``render`` m
 file Prometheus loads (``docker/prometheus/slo-rules.yml``, committed; a test checks it is what
 ``render`` makes). Two kinds of objective per served model:
 
-- **availability**: the share of requests Triton answers without an error, from its own
-  counters (``nv_inference_request_success`` and ``nv_inference_request_failure``, every
-  failure reason: a request shed by a queue policy is a failed request to its caller);
+- **availability**: the share of the gateway's answers that are not server errors, from its
+  counter of every inference answer (``gateway_requests_total``, ``gateway/access_log.py``):
+  ``outcome="failed"`` (5xx, and gRPC's server-side statuses) ÷ every answer but a refusal.
+  What users get is measured where they get it: a request shed by a Triton queue policy fails,
+  and so does each 502/503/504 the gateway answers while no Triton answers it (Triton's own
+  counters, the causes, see none of those). A refusal of a token bucket (429) counts neither
+  way: the gateway holding a tenant to the rate it was given is the service working, and one
+  tenant over its limit must not spend every tenant's budget nor page anyone;
 - **latency**: the share of admitted requests the gateway answers within a bound, from its
-  histogram (``gateway_request_duration_seconds``, ``gateway/access_log.py``): the bucket at
-  the bound ÷ all of them.
+  histogram (``gateway_request_duration_seconds``): the bucket at the bound ÷ all of them.
 
 Every objective gets the same recorded series, told apart by their ``slo`` label:
 ``slo:sli_error:ratio_rate<w>`` (the share of bad events over window ``w``) and
@@ -51,9 +55,8 @@ RULES = DOCKER / "prometheus" / "slo-rules.yml"
 
 AVAILABILITY = "availability"
 LATENCY = "latency"
-# Triton's per-model request counters (success + failure = every request it answered).
-SUCCESS = "nv_inference_request_success"
-FAILURE = "nv_inference_request_failure"
+# The gateway's counter of its inference answers (a Counter: Prometheus sees it with _total).
+ANSWERS = f"{access_log.METRIC}_total"
 
 
 @dataclass(frozen=True)
@@ -140,19 +143,19 @@ class Objective:
         """PromQL: events per second over ``window``."""
         model = f'model="{self.model}"'
         if self.kind == AVAILABILITY:
-            return (
-                f"sum by (model) (rate({SUCCESS}{{{model}}}[{window}]))"
-                f" + sum by (model) (rate({FAILURE}{{{model}}}[{window}]))"
-            )
+            # Every answer but a refusal (the module's docstring says why).
+            answers = f'{ANSWERS}{{{model},outcome!="{access_log.REFUSED}"}}'
+            return f"sum by (model) (rate({answers}[{window}]))"
         return f"sum by (model) (rate({access_log.DURATION_METRIC}_count{{{model}}}[{window}]))"
 
     def errors(self, window: str) -> str:
         """PromQL: the share of bad events over ``window`` (no result without events)."""
         model = f'model="{self.model}"'
         if self.kind == AVAILABILITY:
-            return (
-                f"sum by (model) (rate({FAILURE}{{{model}}}[{window}]))\n/\n({self.events(window)})"
-            )
+            # The exporter starts a label set's failed series at 0 with its first answer, so
+            # that the ratio is 0 rather than absent, and a first failure is an increase.
+            failed = f'{ANSWERS}{{{model},outcome="{access_log.FAILED}"}}'
+            return f"sum by (model) (rate({failed}[{window}]))\n/\n{self.events(window)}"
         le = bucket_label(self.under_ms / 1000)
         bucket = f'{access_log.DURATION_METRIC}_bucket{{{model},le="{le}"}}'
         good = f"sum by (model) (rate({bucket}[{window}]))"
