@@ -100,37 +100,21 @@ def runs(
         f"--ssl-https-ca-certificates-file={ca}",
     ]
     grpcs = ["--ssl-grpc-use-ssl", f"--ssl-grpc-root-certifications-file={ca}"]
+
+    def run(url: str, payload: str, options: dict) -> perf_analyzer.Run:
+        return perf_analyzer.Run(embedding.ENSEMBLE, url, input_data=data[payload], **options)
+
     return {
-        "triton": perf_analyzer.Run(
-            embedding.ENSEMBLE, server.http_url, input_data=data["kserve"], **common
+        "triton": run(server.http_url, "kserve", common),
+        "nginx": run(nginx.http_url, "kserve", common),
+        "openai": run(nginx.http_url, "openai", openai),
+        "openai-b64": run(nginx.http_url, "openai-b64", openai),
+        "triton-grpc": run(server.grpc_url, "kserve", grpc),
+        "nginx-grpc": run(nginx.grpc_url, "kserve", grpc),
+        "nginx-tls": run(
+            f"https://{tls.http_url}", "kserve", {**common, "extra": [*common["extra"], *https]}
         ),
-        "nginx": perf_analyzer.Run(
-            embedding.ENSEMBLE, nginx.http_url, input_data=data["kserve"], **common
-        ),
-        "openai": perf_analyzer.Run(
-            embedding.ENSEMBLE, nginx.http_url, input_data=data["openai"], **openai
-        ),
-        "openai-b64": perf_analyzer.Run(
-            embedding.ENSEMBLE, nginx.http_url, input_data=data["openai-b64"], **openai
-        ),
-        "triton-grpc": perf_analyzer.Run(
-            embedding.ENSEMBLE, server.grpc_url, input_data=data["kserve"], **grpc
-        ),
-        "nginx-grpc": perf_analyzer.Run(
-            embedding.ENSEMBLE, nginx.grpc_url, input_data=data["kserve"], **grpc
-        ),
-        "nginx-tls": perf_analyzer.Run(
-            embedding.ENSEMBLE,
-            f"https://{tls.http_url}",
-            input_data=data["kserve"],
-            **{**common, "extra": [*common["extra"], *https]},
-        ),
-        "nginx-grpc-tls": perf_analyzer.Run(
-            embedding.ENSEMBLE,
-            tls.grpc_url,
-            input_data=data["kserve"],
-            **{**grpc, "extra": [*grpc["extra"], *grpcs]},
-        ),
+        "nginx-grpc-tls": run(tls.grpc_url, "kserve", {**grpc, "extra": [*grpc["extra"], *grpcs]}),
     }
 
 

@@ -11,17 +11,22 @@ from bench.report.markdown import case_table
 from pipelines import classification, embedding
 
 
-def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Log2 x axis, labels, grid, legend; write the PNG and free the figure."""
-    import matplotlib.pyplot as plt
-
-    ax.set_xscale("log", base=2)
+def _label(ax, xlabel: str, ylabel: str, title: str, log2_x: bool = True) -> None:
+    """Axis labels and title, a light grid, and the legend if anything is labelled."""
+    if log2_x:
+        ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
+
+
+def _write(fig, path: Path) -> Path:
+    """Write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -97,16 +102,14 @@ def _latency_vs_throughput(series: dict[_Series, list[dict]], path: Path) -> Pat
                 color=line.get_color(),
                 label=f"{label} p99",
             )
-        ax.set_title(f"{' / '.join(models)}: latency vs throughput (concurrency sweep)")
-        ax.set_xlabel("throughput (infer/s)")
-        ax.set_ylabel("latency (ms)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _label(
+            ax,
+            "throughput (infer/s)",
+            "latency (ms)",
+            f"{' / '.join(models)}: latency vs throughput (concurrency sweep)",
+            log2_x=False,
+        )
+    return _write(fig, path)
 
 
 def _formed_batch_size(series: dict[_Series, list[dict]], path: Path) -> Path:
@@ -130,14 +133,13 @@ def _formed_batch_size(series: dict[_Series, list[dict]], path: Path) -> Path:
                 "o-",
                 label=f"{key.variant} {key.model} {key.protocol}",
             )
-    return _save(
-        fig,
+    _label(
         ax,
-        path,
         "client concurrency",
         "classifier: average formed batch",
         "Formed batch size (statistics API)",
     )
+    return _write(fig, path)
 
 
 def _raw_vs_served(series: dict[_Series, list[dict]], raw: dict[int, dict], path: Path) -> Path:
@@ -165,11 +167,5 @@ def _raw_vs_served(series: dict[_Series, list[dict]], raw: dict[int, dict], path
                 "s--",
                 label=f"{name} gRPC (by concurrency)",
             )
-    return _save(
-        fig,
-        ax,
-        path,
-        "batch size (raw) / concurrency (served)",
-        "images/s",
-        "Raw engine vs served",
-    )
+    _label(ax, "batch size (raw) / concurrency (served)", "images/s", "Raw engine vs served")
+    return _write(fig, path)

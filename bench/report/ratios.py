@@ -222,25 +222,11 @@ def _vs_peer_at(
 
 
 # The same texts with asynchronous calls (perf_analyzer's OpenAI client has no other mode).
-EMBED_ASYNC = dict(
-    system="triton",
-    variant="batching",
-    model=embedding.ENSEMBLE,
-    protocol="http",
-    payload="json",
-    calls="async",
-    dataset="samples",
+_JSON_ASYNC = dict(
+    model=embedding.ENSEMBLE, protocol="http", payload="json", calls="async", dataset="samples"
 )
-
-
-PEER_ASYNC = dict(
-    system="peer",
-    model=embedding.ENSEMBLE,
-    protocol="http",
-    payload="json",
-    calls="async",
-    dataset="samples",
-)
+EMBED_ASYNC = dict(system="triton", variant="batching", **_JSON_ASYNC)
+PEER_ASYNC = dict(system="peer", **_JSON_ASYNC)
 
 
 INFINITY = dict(system="infinity", model=embedding.ENSEMBLE, payload="openai", dataset="samples")
@@ -645,6 +631,14 @@ def metric_table(
             table.append({"metric": metric, "values": [], "why": "; ".join(why)})
             continue
         median, low, high = summarize(values)
+        entry = {
+            "metric": metric,
+            "values": values,
+            "median": median,
+            "low": low,
+            "high": high,
+            "met": metric.met(median),
+        }
         if metric.needs_headroom:
             headroom = [
                 _generator_headroom(*metric.needs_headroom)([r for r in rows if r["round"] == n], c)
@@ -652,26 +646,6 @@ def metric_table(
             ]
             if any(h is not None and h < 2 for h in headroom):
                 # The load generator, not either server, set these numbers.
-                table.append(
-                    {
-                        "metric": metric,
-                        "values": values,
-                        "median": median,
-                        "low": low,
-                        "high": high,
-                        "met": None,
-                        "capped": True,
-                    }
-                )
-                continue
-        table.append(
-            {
-                "metric": metric,
-                "values": values,
-                "median": median,
-                "low": low,
-                "high": high,
-                "met": metric.met(median),
-            }
-        )
+                entry.update(met=None, capped=True)
+        table.append(entry)
     return table
