@@ -129,13 +129,15 @@ def copy_rules(tmp_path: Path) -> Path:
     ("path", "old", "new"),
     [
         # A page ten times too slow to come, a page with no floor of traffic, a ticket read off
-        # the wrong window, 429s spending the budget, and a TritonDown that fires for a server
-        # that is up.
+        # the wrong window, 429s spending the budget, a TritonDown that fires for a server that
+        # is up, one that pages a first start, and one that pages half an hour late.
         ("slo-rules.yml", "> 0.0144", "> 0.144"),
         ("slo-rules.yml", "* 3600 >= 100", "* 3600 >= 0"),
         ("slo-rules.yml", "slo:sli_error:ratio_rate3d{", "slo:sli_error:ratio_rate5m{"),
         ("slo-rules.yml", 'outcome="failed"', 'outcome=~"failed|refused"'),
         ("alerts.yml", 'up{job="triton"} == 0', 'up{job="triton"} == 1'),
+        ("alerts.yml", "max_over_time(up[1h]) == 1", "max_over_time(up[1h]) >= 0"),
+        ("alerts.yml", "group_wait.\n        for: 2m", "group_wait.\n        for: 30m"),
     ],
 )
 def test_the_unit_tests_catch_a_broken_rule(tmp_path, path, old, new):
