@@ -112,6 +112,17 @@ def computed_path_server(cpus: list[int], **settings) -> Iterator[Server]:
         yield server
 
 
+def computed_path_system(cpus: list[int], **settings) -> compare.System:
+    """``computed_path_server`` as a system of ``compare.interleaved`` (its gRPC host:port)."""
+
+    @contextlib.contextmanager
+    def run():
+        with computed_path_server(cpus, **settings) as running:
+            yield running.grpc_url
+
+    return run
+
+
 @contextlib.contextmanager
 def system(name: str, cpus: list[int]) -> Iterator[tuple[str, str]]:
     """One server of the comparison, every cache off: its (HTTP, gRPC) host:port."""

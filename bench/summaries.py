@@ -16,7 +16,6 @@ gives each one's rate and p99 per round and the median rate of ``off`` over ``on
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 
@@ -28,17 +27,6 @@ log = logging.getLogger(__name__)
 SYSTEMS = ("on", "off")
 
 
-def server(summaries: bool, cpus: list[int]) -> compare.System:
-    """A server with or without the summaries, every cache off, as ``bench.container`` runs it."""
-
-    @contextlib.contextmanager
-    def run():
-        with container.computed_path_server(cpus, summary_latencies=summaries) as running:
-            yield running.grpc_url
-
-    return run
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print the table of both servers and the ratios."""
     args = compare.arguments(
@@ -47,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     levels = args.levels
     server_cpus, load_cpus = affinity.split()
     log.info("servers on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
-    systems = {"on": server(True, server_cpus), "off": server(False, server_cpus)}
+    systems = {
+        name: container.computed_path_system(server_cpus, summary_latencies=name == "on")
+        for name in SYSTEMS
+    }
     points = compare.interleaved(
         systems, container.MODELS, levels, args.rounds, args.measurement_ms, load_cpus
     )

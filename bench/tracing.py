@@ -17,7 +17,6 @@ and the median rate over ``off``'s::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 
@@ -33,18 +32,6 @@ SYSTEMS = {"off": None, "rate 1000": tracing.DEFAULT_RATE, "rate 1": 1}
 MODELS = (embedding.ENSEMBLE,)
 
 
-def server(rate: int | None, cpus: list[int], receiver: traces.Receiver) -> compare.System:
-    """A server tracing one request in ``rate`` to ``receiver`` (None: tracing off)."""
-
-    @contextlib.contextmanager
-    def run():
-        trace = None if rate is None else tracing.TraceSettings(receiver.url, rate=rate)
-        with container.computed_path_server(cpus, trace=trace) as running:
-            yield running.grpc_url
-
-    return run
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print the table of the three servers and the ratios, and the spans received."""
     args = compare.arguments(
@@ -53,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     server_cpus, load_cpus = affinity.split()
     log.info("servers on cores %s, perf_analyzer on %s", server_cpus, load_cpus)
     with traces.Receiver() as receiver:
-        systems = {name: server(rate, server_cpus, receiver) for name, rate in SYSTEMS.items()}
+        systems = {
+            name: container.computed_path_system(
+                server_cpus,
+                trace=None if rate is None else tracing.TraceSettings(receiver.url, rate=rate),
+            )
+            for name, rate in SYSTEMS.items()
+        }
         points = compare.interleaved(
             systems, MODELS, args.levels, args.rounds, args.measurement_ms, load_cpus
         )
