@@ -100,9 +100,9 @@ class Rollout:
 
     The canary servers serve the new version under the same model names (KServe's canary
     revision; e.g. ``embed`` whose encoder is INT8), so a request needs no rewriting: the
-    gateway picks the servers. The shares live in a file of their own that
-    gateway/rollout.js reads for every request, so that moving them is a rewrite of that file
-    (``move``): no reload, no connection closed.
+    gateway picks the servers. The shares live in the shares file, which gateway/rollout.js
+    reads for every request, so that moving them is a rewrite of that file (``move``): no
+    reload, no connection closed.
 
     Attributes:
         http: the canary servers' HTTP endpoints.
