@@ -2,11 +2,13 @@
 
 nginx (rendered with ``--limits`` or a rollout, see ``gateway/nginx/``) writes one JSON line per
 inference request to its access log (``gateway/nginx/parts/access_log.j2``): tenant, model,
-protocol, ``$limit_req_status`` (``PASSED`` or ``REJECTED``) and the request's times.
+protocol, ``$limit_req_status`` (``PASSED`` or ``REJECTED``), the HTTP status and a gRPC
+answer's grpc-status, and the request's times.
 Open-source nginx keeps no counters of its own for ``limit_req`` and no latency histograms, so
 this exporter follows that file and serves, on ``/metrics`` (``gateway="nginx"``; names, labels
 and buckets below): ``gateway_requests_total`` by outcome (admitted, refused by a bucket, or
-failed: admitted and answered with a server error), and for the requests that were not refused
+failed: admitted and answered with a server error, a 5xx or ``GRPC_FAILED``; the availability
+objectives read it, ``monitoring/slo.py``), and for the requests that were not refused
 the histograms ``gateway_request_duration_seconds`` and ``gateway_upstream_duration_seconds`` by
 tenant and model (what a tenant's own latency and the latency objectives are read from), and by
 version during a rollout (``stable``, ``canary``: the two side by side).
@@ -60,6 +62,10 @@ ADMITTED = "admitted"
 REFUSED = "refused"
 # Admitted, and answered with a server error (5xx: Triton's, or none answered the gateway).
 FAILED = "failed"
+# The gRPC statuses that are a server error, as gRPC maps them to HTTP (500, 503, 504), and
+# RESOURCE_EXHAUSTED where no bucket refused: the gateway's connection limit, HTTP's 503.
+# UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
+GRPC_FAILED = frozenset({"2", "4", "8", "13", "14", "15"})
 # Histograms of each admitted request's time, from the same log: nginx's $request_time (first
 # byte read to last byte sent) and $upstream_response_time (the time Triton took, as nginx saw
 # it), by tenant, model and version. The latency objectives (docker/prometheus/slos.yml) count
@@ -117,6 +123,8 @@ class AccessLogMetrics:
 
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter(METRIC, METRIC_HELP, LABELS, registry=registry)
+        # The label sets (all but the outcome) whose every outcome's series exists.
+        self.started: set[tuple[str, ...]] = set()
         self.duration, self.upstream = (
             Histogram(name, text, DURATION_LABELS, registry=registry, buckets=DURATION_BUCKETS)
             for name, text in ((DURATION_METRIC, DURATION_HELP), (UPSTREAM_METRIC, UPSTREAM_HELP))
@@ -142,7 +150,9 @@ def count_line(metrics: AccessLogMetrics, line: str) -> bool:
     try:
         entry = json.loads(line)
         outcome = OUTCOMES[entry["limit"]]
-        if outcome == ADMITTED and entry.get("status", "").startswith("5"):
+        if outcome == ADMITTED and (
+            entry.get("status", "").startswith("5") or entry.get("grpc_status") in GRPC_FAILED
+        ):
             outcome = FAILED
         model = entry["model"] if entry["model"] in MODELS else OTHER
         version = entry.get("version", "")
@@ -152,6 +162,12 @@ def count_line(metrics: AccessLogMetrics, line: str) -> bool:
         upstream = seconds(entry.get("upstream_time", ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
+    if (key := labels[:4] + labels[5:]) not in metrics.started:
+        # Every outcome's series from a label set's first answer on, at 0: a first failure is
+        # then an increase that rate() sees, and an error ratio is 0 rather than absent.
+        for each in (ADMITTED, REFUSED, FAILED):
+            metrics.requests.labels(*labels[:4], each, version)
+        metrics.started.add(key)
     metrics.requests.labels(*labels).inc()
     if outcome != REFUSED:
         # Refusals take no time worth a latency objective: they are counted, not timed.

@@ -238,6 +238,39 @@ def test_the_exporter_counts_a_rollout_s_versions_and_server_errors_apart(tmp_pa
     assert exporter.registry.get_sample_value(f"{access_log.DURATION_METRIC}_count", timed) == 2
 
 
+def test_the_exporter_fails_grpc_server_errors_and_starts_every_outcome_at_0(tmp_path):
+    log = tmp_path / "shaping.log"
+    # gRPC answers are 200 (204: the gateway's own): their grpc-status says how they ended.
+    entries = [
+        ("PASSED", "200", "0", "admitted"),  # OK (Triton's trailer)
+        ("PASSED", "200", "3", "admitted"),  # INVALID_ARGUMENT: the caller's
+        ("PASSED", "200", "14", "failed"),  # UNAVAILABLE: Triton shed it
+        ("PASSED", "200", "13", "failed"),  # INTERNAL
+        ("", "204", "8", "failed"),  # RESOURCE_EXHAUSTED, no bucket: the connection limit
+        ("REJECTED", "204", "8", "refused"),  # RESOURCE_EXHAUSTED from a bucket
+        ("PASSED", "502", "", "failed"),  # no server answered the gateway
+    ]
+    common = {"tenant": "a", "model": "embed", "protocol": "grpc"}
+    lines = [
+        json.dumps({**common, "limit": limit, "status": status, "grpc_status": grpc_status})
+        for limit, status, grpc_status, _ in entries
+    ]
+    log.write_text("\n".join(lines) + "\n" + line("b", "PASSED"))
+    exporter = AccessLogExporter(log)
+    assert exporter.poll() == len(entries) + 1
+
+    def requests(tenant: str, protocol: str, outcome: str) -> float | None:
+        labels = {"gateway": "nginx", "tenant": tenant, "model": "embed", "protocol": protocol,
+                  "outcome": outcome, "version": ""}  # fmt: skip
+        return exporter.registry.get_sample_value(f"{access_log.METRIC}_total", labels)
+
+    for outcome in ("admitted", "failed", "refused"):
+        expected = sum(e[3] == outcome for e in entries)
+        assert requests("a", "grpc", outcome) == expected, outcome
+    # One admitted answer, and its failed and refused series are there at 0 already.
+    assert [requests("b", "http", o) for o in ("admitted", "failed", "refused")] == [1, 0, 0]
+
+
 def test_the_exporter_keeps_unknown_models_out_of_its_labels(tmp_path):
     log = tmp_path / "shaping.log"
     log.write_text(line("a", "PASSED", model="tokenize") + line("a", "PASSED", model="x" * 99))
