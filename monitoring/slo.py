@@ -36,7 +36,8 @@ A page also needs ``min_requests`` requests in its long window: over a few reque
 is a large ratio that hurts nobody.
 
 ``scale`` divides every window and ``for`` by a factor: the same rules, made fast enough for a
-test to watch an alert fire and resolve (``python -m monitoring rules --scale 60``).
+test to watch an alert fire and resolve (``python -m monitoring rules --scale 60``);
+``scaled`` does the same to a hand-written rule file (``alerts.yml``).
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ ALERT_NAMES = {
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+# Where a PromQL expression holds a duration: a range or subquery ("[5m]", "[1h:1m]") and an
+# offset. A number or a name (slo:sli_error:ratio_rate5m) is never one.
+_ONE = r"\d+(?:ms|s|m|h|d)"
+_RANGE = re.compile(rf"\[({_ONE})(?::({_ONE})?)?\]")
+_OFFSET = re.compile(rf"\boffset\s+({_ONE})\b")
 
 
 def seconds(duration: str) -> float:
@@ -222,7 +228,7 @@ def windows(slos: Slos) -> list[str]:
 def render(slos: Slos, scale: float = 1) -> dict:
     """The rule file (as YAML data) for ``slos``; ``scale`` divides every window and ``for``."""
 
-    def scaled(d: str) -> str:
+    def shorter(d: str) -> str:
         return duration(seconds(d) / scale)
 
     groups = []
@@ -235,7 +241,7 @@ def render(slos: Slos, scale: float = 1) -> dict:
              {**labels, "model": objective.model}},
         ]  # fmt: skip
         for window in windows(slos):
-            w = scaled(window)
+            w = shorter(window)
             rules.append(
                 {"record": f"slo:sli_error:ratio_rate{window}", "expr": objective.errors(w),
                  "labels": labels}
@@ -245,13 +251,46 @@ def render(slos: Slos, scale: float = 1) -> dict:
                  "labels": labels}
             )  # fmt: skip
         for severity in ("page", "ticket"):
-            rules.append(alert(slos, objective, severity, scaled))
+            rules.append(alert(slos, objective, severity, shorter))
         groups.append({"name": f"slo-{objective.name}", "rules": rules})
     return {"groups": groups}
 
 
-def alert(slos: Slos, objective: Objective, severity: str, scaled) -> dict:
-    """One objective's alert of one severity: any of its burn-rate conditions."""
+def scaled(rules: dict, scale: float) -> dict:
+    """A rule file (as YAML data) with every ``for``, range and offset divided by ``scale``.
+
+    For a hand-written file (``alerts.yml``) what ``render``'s ``scale`` is for the SLO rules:
+    the same rules, fast enough for a test to watch them fire.
+    """
+
+    def shorter(d: str) -> str:
+        return duration(seconds(d) / scale)
+
+    def window(match: re.Match) -> str:
+        step = match.group(2)
+        if ":" not in match.group(0):
+            return f"[{shorter(match.group(1))}]"
+        return f"[{shorter(match.group(1))}:{shorter(step) if step else ''}]"
+
+    groups = []
+    for group in rules["groups"]:
+        group_rules = []
+        for rule in group["rules"]:
+            expr = _RANGE.sub(window, rule["expr"])
+            expr = _OFFSET.sub(lambda m: f"offset {shorter(m.group(1))}", expr)
+            rule = {**rule, "expr": expr}
+            if "for" in rule:
+                rule["for"] = shorter(rule["for"])
+            group_rules.append(rule)
+        groups.append({**group, "rules": group_rules})
+    return {**rules, "groups": groups}
+
+
+def alert(slos: Slos, objective: Objective, severity: str, shorter) -> dict:
+    """One objective's alert of one severity: any of its burn-rate conditions.
+
+    ``shorter`` is a duration as the scaled rules have it.
+    """
     selector = f'{{slo="{objective.name}"}}'
     conditions = []
     for b in (b for b in BURN_RATES if b.severity == severity):
@@ -263,7 +302,7 @@ def alert(slos: Slos, objective: Objective, severity: str, scaled) -> dict:
         if severity == "page":
             # Events in the long window (its rate times its length), as the rules see it.
             condition.append(
-                f"and slo:sli_events:rate{b.long}{selector} * {seconds(scaled(b.long)):g}"
+                f"and slo:sli_events:rate{b.long}{selector} * {seconds(shorter(b.long)):g}"
                 f" >= {slos.min_requests}"
             )
         conditions.append("(\n  " + "\n  ".join(condition) + "\n)")
@@ -276,7 +315,7 @@ def alert(slos: Slos, objective: Objective, severity: str, scaled) -> dict:
     return {
         "alert": name,
         "expr": "\nor\n".join(conditions),
-        "for": scaled(FOR[severity]),
+        "for": shorter(FOR[severity]),
         "labels": {"severity": severity, "service": slos.service, "slo": objective.name},
         "annotations": {
             "summary": (

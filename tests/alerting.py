@@ -94,6 +94,14 @@ class Alertmanager(HttpProcess):
             "--cluster.listen-address=",  # one instance: no gossip port to bind
         ]
 
+    def alerts(self, *matchers: str) -> list[dict]:
+        """The alerts it holds (API v2) that match every matcher (``'alertname="X"'``), with
+        their ``status``: ``state`` (active, suppressed) and the ``inhibitedBy`` fingerprints."""
+        query = urllib.parse.urlencode([("filter", m) for m in matchers])
+        url = f"http://{self.url}/api/v2/alerts?{query}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+
 
 class WebhookReceiver:
     """An HTTP server that keeps every Alertmanager notification it receives, by path."""

@@ -18,6 +18,7 @@ from gateway import access_log
 from gateway.served import SERVED
 from monitoring import slo
 from paths import DOCS
+from tests import promql
 from tests.helpers import REPO, prometheus_tool
 
 PROMETHEUS = REPO / "docker" / "prometheus"
@@ -100,6 +101,32 @@ def test_a_scaled_render_divides_every_window_and_nothing_else():
     record = next(r for r in fast["groups"][0]["rules"] if r.get("record", "").endswith("rate1h"))
     assert "[1m]" in record["expr"] and "[1h]" not in record["expr"]
     assert slo.duration(0.5) == "500ms" and slo.duration(21600) == "6h"
+
+
+def test_a_scaled_rule_file_divides_its_durations_and_nothing_else():
+    rules = yaml.safe_load(ALERTS.read_text())
+    fast = slo.scaled(rules, 20)
+    (down,) = [r for g in fast["groups"] for r in g["rules"] if r.get("alert") == "TritonDown"]
+    assert down["for"] == "6s"
+    # 1h → 3m, offset 30m → 90s; the comparisons with 0 and 1 and the labels as they were.
+    assert "max_over_time(up[3m]) == 1" in down["expr"] and "up offset 90s" in down["expr"]
+    assert 'up{job="triton"} == 0' in down["expr"]
+    assert (
+        down["labels"]
+        == next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TritonDown")[
+            "labels"
+        ]
+    )
+    # A subquery's range and step, and a recorded name with a window in it, untouched.
+    (rule,) = slo.scaled(
+        {"groups": [{"name": "g", "rules": [{"record": "r", "expr":
+         "max_over_time(slo:sli_error:ratio_rate5m[1h:1m]) > 5"}]}]}, 60,
+    )["groups"][0]["rules"]  # fmt: skip
+    assert rule["expr"] == "max_over_time(slo:sli_error:ratio_rate5m[1m:1s]) > 5"
+    assert "for" not in rule
+    for group in fast["groups"]:
+        for r in group["rules"]:
+            promql.metric_names(r["expr"])  # parses, as Prometheus must
 
 
 def test_every_alert_has_a_case_that_fires_and_one_that_stays_silent():
