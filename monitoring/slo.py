@@ -289,7 +289,7 @@ def scaled(rules: dict, scale: float) -> dict:
 def alert(slos: Slos, objective: Objective, severity: str, shorter) -> dict:
     """One objective's alert of one severity: any of its burn-rate conditions.
 
-    ``shorter`` is a duration as the scaled rules have it.
+    ``shorter`` turns a duration of the rules into the one the scaled rules use.
     """
     selector = f'{{slo="{objective.name}"}}'
     conditions = []
