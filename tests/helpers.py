@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from client.embed import AsyncEmbedClient
+from export import text_samples
 from paths import REPO_ROOT
 
 REPO = REPO_ROOT
@@ -259,3 +262,19 @@ def inferences(http_url: str) -> int:
     return sum(
         int(s["inference_stats"][kind]["count"]) for s in stats for kind in ("success", "fail")
     )
+
+
+async def behind_passages(url: str, protocol: str, tag: str, requests: list[list]) -> list:
+    """Send each request of texts while 16 long passages hold the embedding step.
+
+    The passages go first: while the step's one instance encodes them, the requests queue
+    behind it and the batcher joins what queued, however slowly a busy client sends. Returns
+    the passages' answer, then each request's (an exception in place of a refused one).
+    """
+    passages = [f"{text_samples.LONG_TEXT} ({tag}, passage {i})" for i in range(16)]
+    async with AsyncEmbedClient(url, protocol) as client:
+        return await asyncio.gather(
+            client.embed(passages, truncate=True),
+            *(client.embed(texts) for texts in requests),
+            return_exceptions=True,
+        )

@@ -14,11 +14,11 @@ import pytest
 
 import model_config
 from client.connection import ClientError, module
-from client.embed import AsyncEmbedClient, EmbedClient
+from client.embed import EmbedClient
 from export import minilm as export_minilm
 from export import text_samples
 from pipelines import bert, embedding, tokenization
-from tests.helpers import batched_in_some_burst, run_cli, settled_executions
+from tests.helpers import batched_in_some_burst, behind_passages, run_cli, settled_executions
 
 pytestmark = pytest.mark.integration
 
@@ -214,24 +214,15 @@ def test_bad_requests_among_concurrent_good_ones(server, reference, protocol):
             for i, kind in enumerate(kinds * 4)
         ]
 
-    async def burst(n: int, plan: list[list]):
-        # Long passages go first: while the step's one instance encodes them, the burst queues
-        # behind it and the batcher joins what queued, however slowly a busy client sends.
-        blocker = [f"{text_samples.LONG_TEXT} (burst {n}, passage {i})" for i in range(16)]
-        async with AsyncEmbedClient(url(server, protocol), protocol) as client:
-            return await asyncio.gather(
-                client.embed(blocker, truncate=True),
-                *(client.embed(t) for t in plan),
-                return_exceptions=True,
-            )
-
     step = text_step(server)
 
     def burst_checked() -> int:
         n = next(_bursts)
         plan = plan_of(n)
         before = embed_stats(server, step, "1")
-        first, *results = asyncio.run(burst(n, plan))
+        first, *results = asyncio.run(
+            behind_passages(url(server, protocol), protocol, f"burst {n}", plan)
+        )
         assert not isinstance(first, BaseException) and len(first) == 16, first
         for request, result in zip(plan, results, strict=True):
             if isinstance(request[0], bytes):

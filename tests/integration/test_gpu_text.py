@@ -18,13 +18,13 @@ import pytest
 import tritonclient.http as httpclient
 
 from client.connection import ClientError
-from client.embed import AsyncEmbedClient, EmbedClient
+from client.embed import EmbedClient
 from export import minilm, text_samples
 from paths import MODEL_REPOSITORY
 from pipelines import embedding
 from server import Server, ServerConfig
 from tests import gpu_text
-from tests.helpers import batched_in_some_burst, settled_executions
+from tests.helpers import batched_in_some_burst, behind_passages, settled_executions
 
 pytestmark = pytest.mark.integration
 
@@ -91,18 +91,12 @@ def test_a_bad_text_fails_only_its_own_request(gpu_local, encoder_onnx, protocol
         n = next(_bursts)
         plan = [f"{k} ({protocol} burst {n}, {i})" if k else k for i, k in enumerate(kinds * 4)]
 
-        async def burst():
-            # A queue of passages first: the burst waits behind them and is batched.
-            blocker = [f"{text_samples.LONG_TEXT} ({protocol} burst {n}, {i})" for i in range(16)]
-            async with AsyncEmbedClient(url(gpu_local, protocol), protocol) as client:
-                return await asyncio.gather(
-                    client.embed(blocker, truncate=True),
-                    *(client.embed([t]) for t in plan),
-                    return_exceptions=True,
-                )
-
         before = step_stats(gpu_local)
-        first, *results = asyncio.run(burst())
+        first, *results = asyncio.run(
+            behind_passages(
+                url(gpu_local, protocol), protocol, f"{protocol} burst {n}", [[t] for t in plan]
+            )
+        )
         assert not isinstance(first, BaseException), first
         good = [t for t in plan if t and not t.startswith(text_samples.LONG_TEXT)]
         want = dict(zip(good, minilm.onnx_embeddings(encoder_onnx[0], good), strict=True))
