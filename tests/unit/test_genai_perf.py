@@ -193,3 +193,10 @@ def test_a_failed_run_says_why_with_its_output(tmp_path):
 def test_a_run_that_writes_no_export_is_an_error_not_a_figure(tmp_path):
     with pytest.raises(genai_perf.GenAIPerfError, match=r"failed \(0\)"):
         genai_perf.measure(_tool(tmp_path / "g", "exit 0"), 1, tmp_path / "a")
+
+
+def test_the_pins_point_at_the_section_that_measured_them():
+    anchor = re.search(r"performance\.md#([\w-]+)", genai_perf.REQUIREMENTS_FILE.read_text())
+    headings = re.findall(r"^#+ (.+)$", (REPO_ROOT / "docs" / "performance.md").read_text(), re.M)
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    assert anchor and anchor.group(1) in slugs
