@@ -168,9 +168,9 @@ def test_a_context_that_is_not_a_traceparent_is_ignored():
 def test_the_launchers_options_turn_it_on(capsys):
     from server import serve
 
+    url = "http://127.0.0.1:4318/v1/traces"
     args = serve.parse_args(
-        ["--trace-url", "http://127.0.0.1:4318/v1/traces", "--trace-rate", "1"]
-        + ["--trace-resource", "service.version=2"]
+        ["--trace-url", url, "--trace-rate", "1", "--trace-resource", "service.version=2"]
     )
     assert args.trace.rate == 1 and args.trace.resource["service.version"] == "2"
     assert serve.parse_args([]).trace is None
