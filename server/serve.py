@@ -365,7 +365,7 @@ def _cache_line(cache: redis.RedisServer | None, url: str | None) -> str:
 def _trace_line(trace: tracing.TraceSettings | None) -> str:
     """The banner's line about OpenTelemetry traces."""
     if trace is None:
-        return "  trace    off (--trace-url URL: OpenTelemetry spans to a collector)\n"
+        return "  trace    off (--trace-url URL)\n"
     return f"  trace    1 request in {trace.rate} → {trace.url}\n"
 
 
