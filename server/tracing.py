@@ -11,7 +11,7 @@ environment variables.
 
 Off by default; ``python -m server --trace-url URL`` (``make serve TRACE=URL``) turns it on.
 docs/operations.md#tracing-one-request says how to read what comes out; what it costs:
-docs/performance.md#what-tracing-costs.
+docs/performance.md#what-tracing-costs-2026-12-05.
 """
 
 from __future__ import annotations
