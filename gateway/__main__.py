@@ -5,10 +5,15 @@ nginx in front of it: the served part of Triton's HTTP and gRPC APIs through the
 OpenAI's embeddings API (``POST /v1/embeddings``, ``GET /v1/models``) beside them. ``--host`` is
 where the gateway listens; Triton listens on loopback only. ``make serve GATEWAY=1`` runs it.
 
+``python -m gateway limits FILE`` writes a limits file to serve with: docker/nginx/limits.toml
+with a fresh random key in place of each placeholder key (which a gateway refuses), readable by
+its owner only. Hand each tenant its key (``keys = [...]`` in FILE).
+
 Examples:
     python -m gateway serve                                 # gateway on 8080 (HTTP) and 8081 (gRPC)
+    python -m gateway limits my-limits.toml                 # token buckets with keys of their own
     python -m gateway serve --host 0.0.0.0 --limits my-limits.toml   # for other machines
-    python -m gateway serve --limits docker/nginx/limits.toml --gateway-port 9000
+    python -m gateway serve --limits my-limits.toml --gateway-port 9000
     python -m gateway serve --canary-http 127.0.0.1:8100 --canary-grpc 127.0.0.1:8101 \
         --rollout embed=0                 # a new version on other servers; move its share later
     OPENAI_BASE_URL=http://127.0.0.1:8080/v1 python my_rag_app.py
@@ -20,6 +25,7 @@ Needs nginx and its njs module (Debian: ``apt-get install nginx libnginx-mod-htt
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,11 +41,25 @@ from gateway.nginx.config import (
     find_nginx,
 )
 from gateway.nginx.process import Nginx
-from gateway.shaping import load_limits
+from gateway.shaping import (
+    ANONYMOUS,
+    LIMITS,
+    Limits,
+    load_limits,
+    parse_limits,
+    with_secret_keys,
+)
+from paths import REPO_ROOT
 from server import serve
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (the NGC container): the same parser from PyPI
+    import tomli as tomllib
 
 DEFAULT_HTTP_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
+LIMITS_SHOWN = LIMITS.relative_to(REPO_ROOT)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -64,16 +84,54 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     serve.add_argument(
         "--limits",
         type=Path,
-        help="token buckets per tenant and model (docker/nginx/limits.toml); default: none",
+        help="token buckets per tenant and model, a file `python -m gateway limits` wrote; "
+        "default: none",
     )
     options.add_tls(serve)
     options.add_rollout(serve)
-    return parser.parse_known_args(argv)
+    limits = sub.add_parser(
+        "limits", help="write a limits file with a fresh key per tenant, to serve with"
+    )
+    limits.add_argument("out", type=Path, help="the file to write (never overwritten)")
+    limits.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        default=LIMITS,
+        help=f"the limits whose placeholder keys are replaced (default {LIMITS_SHOWN})",
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "limits" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args, rest
+
+
+def write_limits(source: Path, out: Path) -> Limits:
+    """Write ``source`` to ``out`` with a fresh key for each placeholder key, mode 0600.
+
+    Raises:
+        FileExistsError: ``out`` exists (its keys may be in use: never overwritten).
+        ValueError: the result is not a limits file a gateway serves with (the message says why).
+    """
+    text = with_secret_keys(source.read_text())
+    limits = parse_limits(tomllib.loads(text))  # refuses what a gateway would refuse
+    with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+    return limits
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until Ctrl-C: the server first, then the gateway; stopped in reverse order."""
     args, rest = parse_args(argv)
+    if args.command == "limits":
+        try:
+            limits = write_limits(args.source, args.out)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        tenants = ", ".join(t for t in limits.tenants if t != ANONYMOUS) or "no tenant"
+        print(f"wrote {args.out}: a fresh key for {tenants} (keep the file secret)")
+        return 0
     try:
         find_nginx()
         find_js_module()

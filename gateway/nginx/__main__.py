@@ -3,9 +3,10 @@ r"""``python -m gateway.nginx``: render the gateway's nginx config, or move a ro
 ``render`` prints the config for the given servers; ``rollout`` moves the shares of a running
 gateway's rollout (``gateway/nginx/rollout.py``).
 
+    python -m gateway limits my-limits.toml   # the limits with a fresh key per tenant
     python -m gateway.nginx render --http triton-0:8000 --http triton-1:8000 \
         --grpc triton-0:8001 --grpc triton-1:8001 --host 0.0.0.0 \
-        --limits docker/nginx/limits.toml > nginx.conf
+        --limits my-limits.toml > nginx.conf
     python -m gateway.nginx render ... --canary-http triton-v2:8000 --canary-grpc triton-v2:8001 \
         --rollout embed=0 --shares-file /etc/nginx/rollout.json > nginx.conf
     python -m gateway.nginx rollout --shares-file /etc/nginx/rollout.json embed=5
