@@ -43,7 +43,7 @@ import sys
 import threading
 import warnings
 from argparse import ArgumentParser
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -87,7 +87,6 @@ class Command:
     text: str
     complete: bool  # every required argument is given (fenced blocks, docstrings)
     page: str
-    scratch: dict[str, Path] = field(default_factory=dict)
 
 
 def _join_continuations(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -197,12 +196,13 @@ def _is_command(span: str) -> bool:
 def docstring_commands() -> list[Command]:
     """The ``python -m`` examples in the module docstrings of the repository's packages."""
     commands = []
-    for path in sorted(REPO_ROOT.glob("*/**/*.py")):
+    packages = [
+        folder
+        for folder in sorted(REPO_ROOT.iterdir())
+        if (folder / "__init__.py").exists() and folder.name not in {"tests", "results"}
+    ]
+    for path in (path for package in packages for path in sorted(package.rglob("*.py"))):
         relative = path.relative_to(REPO_ROOT)
-        if relative.parts[0].startswith(".") or relative.parts[0] in {"tests", "results"}:
-            continue
-        if not (REPO_ROOT / relative.parts[0] / "__init__.py").exists():
-            continue
         source = path.read_text()
         try:
             docstring = ast.get_docstring(ast.parse(source), clean=False)
