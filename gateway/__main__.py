@@ -25,7 +25,6 @@ Needs nginx and its njs module (Debian: ``apt-get install nginx libnginx-mod-htt
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,21 +40,9 @@ from gateway.nginx.config import (
     find_nginx,
 )
 from gateway.nginx.process import Nginx
-from gateway.shaping import (
-    ANONYMOUS,
-    LIMITS,
-    Limits,
-    load_limits,
-    parse_limits,
-    with_secret_keys,
-)
+from gateway.shaping import ANONYMOUS, LIMITS, load_limits, write_with_secret_keys
 from paths import REPO_ROOT
 from server import serve
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10 (the NGC container): the same parser from PyPI
-    import tomli as tomllib
 
 DEFAULT_HTTP_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -106,26 +93,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, rest
 
 
-def write_limits(source: Path, out: Path) -> Limits:
-    """Write ``source`` to ``out`` with a fresh key for each placeholder key, mode 0600.
-
-    Raises:
-        FileExistsError: ``out`` exists (its keys may be in use: never overwritten).
-        ValueError: the result is not a limits file a gateway serves with (the message says why).
-    """
-    text = with_secret_keys(source.read_text())
-    limits = parse_limits(tomllib.loads(text))  # refuses what a gateway would refuse
-    with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(text)
-    return limits
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve until Ctrl-C: the server first, then the gateway; stopped in reverse order."""
     args, rest = parse_args(argv)
     if args.command == "limits":
         try:
-            limits = write_limits(args.source, args.out)
+            limits = write_with_secret_keys(args.source, args.out)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -20,6 +20,7 @@ them (``parse_limits``).
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
 from collections.abc import Mapping
@@ -40,6 +41,8 @@ __all__ = [
     "Limits",
     "load_limits",
     "retry_after_s",
+    "with_secret_keys",
+    "write_with_secret_keys",
 ]
 
 # The repository's limits file (with placeholder keys); deployments mount one of their own.
@@ -183,6 +186,22 @@ def load_limits(path: str | Path, placeholders: bool = False) -> Limits:
         return parse_limits(data, placeholders)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def write_with_secret_keys(source: Path, out: Path) -> Limits:
+    """Write ``source`` to ``out`` with a fresh key for each placeholder key, mode 0600.
+
+    ``python -m gateway limits`` runs it; 0600: the keys are readable by their owner only.
+
+    Raises:
+        FileExistsError: ``out`` exists (its keys may be in use: never overwritten).
+        ValueError: the result is not a limits file a gateway serves with (the message says why).
+    """
+    text = with_secret_keys(Path(source).read_text())
+    limits = parse_limits(tomllib.loads(text))  # refuses what a gateway would refuse
+    with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+    return limits
 
 
 def with_secret_keys(text: str) -> str:
