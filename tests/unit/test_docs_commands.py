@@ -34,10 +34,12 @@ import contextlib
 import functools
 import importlib.util
 import io
+import logging
 import os
 import re
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -367,6 +369,10 @@ def run_error(module: str, args: list[str], complete: bool, parse_only: bool) ->
     """
     stderr = io.StringIO()
     argv, cwd = sys.argv, os.getcwd()
+    # What a main may set up before it parses, for the process: put back for the next tests.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         sys.argv = [module, *args]
         os.chdir(REPO_ROOT)
@@ -397,6 +403,9 @@ def run_error(module: str, args: list[str], complete: bool, parse_only: bool) ->
     finally:
         sys.argv = argv
         os.chdir(cwd)
+        root.handlers[:], root.level = handlers, level
+        for sig, handler in signals.items():
+            signal.signal(sig, handler)
 
 
 def _without_ellipses(words: list[str]) -> list[str]:
