@@ -15,11 +15,13 @@ import itertools
 import json
 import math
 import os
+import re
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -33,6 +35,7 @@ from gateway import access_log, shaping
 from gateway.access_log import AccessLogMetrics, count_line
 from gateway.nginx.config import Gateway, OpenAI, Shaping, Upstreams
 from gateway.nginx.process import Nginx
+from paths import REPO_ROOT
 from pipelines import embedding, tokenization
 from server import Server, ServerConfig
 from tests.helpers import batched_in_some_burst, encoder_alone, settled_executions
@@ -424,16 +427,30 @@ def test_llamaindex_nvidia_triton_call_shape(server, gateway, via):
     assert refused.value.status() == "400"
 
 
-def test_langchain_openai_embeddings_through_the_gateway(server, gateway):
-    from langchain_openai import OpenAIEmbeddings
+def documented_block(page: Path, marker: str) -> str:
+    """The ```python block of a page that contains ``marker``, as the page writes it."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", page.read_text(), re.MULTILINE | re.DOTALL)
+    (block,) = [b for b in blocks if marker in b]
+    return block
 
-    embeddings = OpenAIEmbeddings(
-        model="embed",
-        base_url=f"http://{gateway.http_url}/v1",
-        api_key=CALM_KEY,
-        # Send texts: by default it sends tiktoken ids, which only OpenAI's models read.
-        check_embedding_ctx_length=False,
+
+def test_langchain_openai_embeddings_through_the_gateway(server, gateway):
+    # docs/models.md's LangChain example, run as written there: only the address and the key
+    # are this gateway's. (By default OpenAIEmbeddings sends tiktoken ids, which get a 400.)
+    code = documented_block(REPO_ROOT / "docs" / "models.md", "OpenAIEmbeddings(")
+    for shown, here in [
+        ('"http://localhost:8080/v1"', f'"http://{gateway.http_url}/v1"'),
+        ('"<tenant key>"', f'"{CALM_KEY}"'),
+    ]:
+        assert code.count(shown) == 1, shown
+        code = code.replace(shown, here)
+    namespace: dict = {}
+    exec(compile(code, "docs/models.md", "exec"), namespace)
+    assert_same_vectors(
+        namespace["vectors"],
+        reference(server, ["A man is eating food.", "A man is riding a horse."]),
     )
+    embeddings = namespace["embeddings"]
     want = reference(server, SENTENCES)
     assert_same_vectors(embeddings.embed_documents(SENTENCES), want)
     assert_same_vectors([embeddings.embed_query(SENTENCES[0])], want[:1])
