@@ -328,6 +328,29 @@ def test_readme_python_example_works(server):
     assert scope["vectors"].shape == (1, embedding.HIDDEN_SIZE)
 
 
+def test_readme_python_classify_example_works(server, photos, tmp_path, monkeypatch, capsys):
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "chelsea.jpg").write_bytes(photos["chelsea"])
+    monkeypatch.chdir(tmp_path)  # the example reads samples/ relative to where it runs
+    script = readme_block("python-classify-example", "python")
+    scope: dict = {}
+    exec(script.replace("localhost:8000", server.http_url), scope)
+    assert scope["top"].labels[0] in CAT_CLASSES and len(scope["top"].labels) == 3
+    assert scope["top"].labels[0] in capsys.readouterr().out
+
+
+def test_readme_curl_embed_example_works(server):
+    script = readme_block("curl-embed-example").replace("localhost:8000", server.http_url)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    [output] = json.loads(done.stdout)["outputs"]
+    assert output["name"] == embedding.EMBEDDING and output["shape"] == [2, embedding.HIDDEN_SIZE]
+    vectors = np.array(output["data"]).reshape(output["shape"])
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+
+
 def test_readme_curl_example_works(server, photos, tmp_path):
     (tmp_path / "samples").mkdir()
     (tmp_path / "samples" / "chelsea.jpg").write_bytes(photos["chelsea"])
