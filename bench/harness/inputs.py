@@ -1,10 +1,18 @@
-"""perf_analyzer ``--input-data`` files made from real photos, one per model."""
+"""perf_analyzer ``--input-data`` files made from real photos, one per model.
+
+Run as a program, it writes such a file from your own images or texts (one request each):
+
+    python -m bench.harness.inputs classify samples/*.jpg > classify.json
+    python -m bench.harness.inputs embed texts.txt > embed.json   # a text per line
+"""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -152,3 +160,42 @@ def write(
     path = directory / f"{model}{suffix}.json"
     path.write_text(json.dumps({"data": data}))
     return path
+
+
+IMAGE_MODELS = (classification.ENSEMBLE, classification.FUSED, classification.PREPROCESS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a ``--input-data`` JSON of one request per image file or per line of text files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.harness.inputs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", choices=(*IMAGE_MODELS, *TEXT_MODELS))
+    parser.add_argument(
+        "files", nargs="+", type=Path, help="image files (sent as they are), or text files"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.model in TEXT_MODELS:
+            texts = [
+                line
+                for path in args.files
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip()
+            ]
+            data = text_entries(texts)
+        else:
+            data = image_entries([path.read_bytes() for path in args.files])
+    except OSError as exc:
+        parser.error(f"cannot read {exc.filename}: {exc.strerror}")
+    if not data:
+        parser.error("no requests: the text files hold no text")
+    json.dump({"data": data}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,10 +2,13 @@
 
 The wheel's binary links ``libb64.so.0d`` and ``libcudart.so.12``; the nvidia-pytriton wheel
 carries both under hashed names, so we point symlinks with the expected names at those copies.
+Run as a program, this module is perf_analyzer itself with those libraries found: every
+argument goes to it unchanged (``bench/perf_analyzer`` runs it so, for people at a shell).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -56,7 +59,13 @@ def library_dir() -> Path | None:
     for name, pattern in LIBRARIES.items():
         matches = sorted(libs.glob(pattern))
         link = target / name
-        if matches and not link.exists():
+        if not matches or link.exists():
+            continue
+        # A link left dangling by a reinstall (new hashed names) is replaced; another process
+        # making the same link at the same moment is as good as this one making it.
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        with contextlib.suppress(FileExistsError):
             link.symlink_to(matches[0])
     return target
 
@@ -235,3 +244,23 @@ def _measure_once(run: Run, level: float, timeout: float) -> Point:
     if len(points) != 1:
         raise PerfAnalyzerError(f"expected one CSV row, got {len(points)}")
     return points[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Become perf_analyzer with ``argv`` as its arguments, its libraries found.
+
+    Returns:
+        1 if there is no perf_analyzer to run; otherwise this process is perf_analyzer and
+        never returns.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        binary = find_binary()
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    os.execve(binary, [str(binary), *args], environment())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
