@@ -6,6 +6,12 @@ Examples:
     python -m client embed "A man is eating food." "A man is riding a horse."
     python -m client embed --file texts.jsonl --out vectors.npy --protocol grpc
     python -m client infer mynet inputs.npz --out outputs.npz   # any model, arrays by name
+    TRITON_API_KEY=<key> python -m client embed "a text" --url gateway:8080 --ca-file ca.pem
+
+Through a gateway: the tenant's key from $TRITON_API_KEY (or --api-key, which others on the
+machine can read in its process list), sent as x-api-key; --ca-file speaks TLS and trusts the
+CA in that file (the system's bundle, e.g. /etc/ssl/certs/ca-certificates.crt, for a
+publicly signed certificate).
 
 Benchmarks and the SLO tuner are ``python -m bench``.
 """
@@ -38,6 +44,13 @@ def _add_connection_args(parser: argparse.ArgumentParser) -> None:
         help="request priority where a model has priority levels (1 first; 0: its default), "
         "e.g. interactive 1 on a server run with --model-config-name=local-shared",
     )
+    connection.Access.add_arguments(parser)
+
+
+def _connect(client_class, args: argparse.Namespace):
+    """A client of ``client_class`` for the model, server, priority and access asked for."""
+    access = connection.Access.from_arguments(args)
+    return client_class(args.url, args.protocol, args.model, args.priority, access=access)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +113,7 @@ def classify(args: argparse.Namespace) -> int:
         images = [path.read_bytes() for path in args.images]
     except OSError as exc:
         raise connection.ClientError(f"cannot read {exc.filename}: {exc.strerror}") from None
-    with ClassifyClient(args.url, args.protocol, args.model, args.priority) as client:
+    with _connect(ClassifyClient, args) as client:
         client.check_ready()
         predictions = client.classify(images, top_k=args.top_k)
     for path, prediction in zip(args.images, predictions, strict=True):
@@ -120,9 +133,7 @@ def embed(args: argparse.Namespace) -> int:
         texts = embed_client.read_texts(args.file)
 
         async def run():
-            async with embed_client.AsyncEmbedClient(
-                args.url, args.protocol, args.model, args.priority
-            ) as c:
+            async with _connect(embed_client.AsyncEmbedClient, args) as c:
                 await c.check_ready()
                 return await embed_client.embed_many(
                     c,
@@ -139,7 +150,7 @@ def embed(args: argparse.Namespace) -> int:
         return 0
     if not args.texts:
         raise connection.ClientError("give texts as arguments, or --file")
-    with embed_client.EmbedClient(args.url, args.protocol, args.model, args.priority) as client:
+    with _connect(embed_client.EmbedClient, args) as client:
         client.check_ready()
         vectors = client.embed(args.texts, args.truncate)
     for text, vector in zip(args.texts, vectors, strict=True):
@@ -150,7 +161,7 @@ def embed(args: argparse.Namespace) -> int:
 def infer(args: argparse.Namespace) -> int:
     """Send the file's arrays in one request; print each output's shape and values, or save them."""
     arrays = tensors.read_arrays(args.inputs)
-    with tensors.TensorClient(args.url, args.protocol, args.model, args.priority) as client:
+    with _connect(tensors.TensorClient, args) as client:
         client.check_ready()
         outputs = client.infer_arrays(tensors.with_input_names(arrays, client.metadata()))
     if args.out:

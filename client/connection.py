@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import functools
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 PROTOCOLS = tuple(DEFAULT_URLS)
+# The header the gateway reads a tenant's key from (gateway.shaping.DEFAULT_HEADER). Lower case:
+# gRPC metadata keys must be, and HTTP header names are compared without case.
+API_KEY_HEADER = "x-api-key"
+API_KEY_ENV = "TRITON_API_KEY"  # where the command line takes the key from
 
 
 class ClientError(RuntimeError):
@@ -83,13 +92,88 @@ def make_outputs(mod: ModuleType, names):
     return [mod.InferRequestedOutput(n) for n in names]
 
 
+@dataclass(frozen=True)
+class Access:
+    """What a gateway in front of Triton may ask of a client; empty for Triton itself.
+
+    Attributes:
+        api_key: the tenant's key, sent as ``x-api-key`` with every request (HTTP header or
+            gRPC metadata).
+        ca_file: a PEM file of the CA that signed the gateway's certificate; given, the client
+            speaks TLS (HTTPS, gRPC over TLS) and trusts that CA only.
+    """
+
+    api_key: str | None = None
+    ca_file: Path | None = None
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """``--api-key`` (default ``$TRITON_API_KEY``) and ``--ca-file``."""
+        parser.add_argument(
+            "--api-key",
+            # Read when the arguments are parsed, so that --help never prints the key.
+            default=None,
+            help=f"the tenant's key for a gateway, sent as {API_KEY_HEADER} "
+            f"(default: ${API_KEY_ENV}; prefer it: a flag shows in the process list)",
+        )
+        parser.add_argument(
+            "--ca-file",
+            type=Path,
+            help="PEM file of the CA that signed the gateway's certificate: speak TLS, trust it",
+        )
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace) -> Access:
+        """The key (``--api-key``, else ``$TRITON_API_KEY``) and CA file parsed."""
+        return cls(
+            api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, ca_file=args.ca_file
+        )
+
+    def client_options(self, mod: ModuleType) -> dict:
+        """Keyword arguments of ``mod.InferenceServerClient`` for TLS (none without a CA)."""
+        if self.ca_file is None:
+            return {}
+        ca = str(self.ca_file)
+        if not Path(ca).is_file():
+            raise ClientError(f"CA file {ca} does not exist")
+        if mod.__name__ == "tritonclient.http":
+            import gevent.ssl  # the sync HTTP client's sockets are gevent's
+
+            factory = functools.partial(gevent.ssl.create_default_context, cafile=ca)
+            return {"ssl": True, "ssl_context_factory": factory}
+        if mod.__name__ == "tritonclient.http.aio":
+            import ssl
+
+            return {"ssl": True, "ssl_context": ssl.create_default_context(cafile=ca)}
+        return {"ssl": True, "root_certificates": ca}  # gRPC reads the file itself
+
+    def register(self, client) -> None:
+        """Have ``client`` (any tritonclient client) send the key with every request."""
+        if self.api_key:
+            client.register_plugin(_ApiKey(self.api_key))
+
+
+class _ApiKey:
+    """A tritonclient plugin (``register_plugin``): called with each request before it is sent.
+
+    Every call goes through it (health, metadata, inference), so none is sent without the key.
+    """
+
+    def __init__(self, key: str):
+        self._key = key
+
+    def __call__(self, request) -> None:
+        request.headers[API_KEY_HEADER] = self._key
+
+
 class _Connection:
     """What both clients hold: the tritonclient module and client for one model.
 
     ``model`` defaults to the subclass's ``default_model``. ``priority`` goes with every
     request: where the model (or an ensemble step) has priority levels, 1 is served first; 0
     means the model's default level. ``version`` is the model version every request asks for
-    ("": the server's choice, the newest the model serves).
+    ("": the server's choice, the newest the model serves). ``access``: the tenant key and the
+    TLS CA of a gateway in front of Triton.
     """
 
     default_model = ""
@@ -102,14 +186,19 @@ class _Connection:
         model: str | None = None,
         priority: int = 0,
         version: str = "",
+        access: Access | None = None,
     ):
         self.protocol = protocol
         self.priority = priority
         self.version = version
+        self.access = access or Access()
         self.url = url or default_url(protocol)
         self.model = model or self.default_model
         self.mod = module(protocol, asyncio=self.asyncio)
-        self._client = self.mod.InferenceServerClient(self.url)
+        self._client = self.mod.InferenceServerClient(
+            self.url, **self.access.client_options(self.mod)
+        )
+        self.access.register(self._client)
 
     def _request(self, inputs, outputs) -> dict:
         """One inference's arguments: this connection's model, version and priority."""

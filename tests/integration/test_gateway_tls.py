@@ -8,6 +8,7 @@ refused; a TLS 1.2 cipher without forward secrecy or an AEAD is refused too.
 from __future__ import annotations
 
 import functools
+import json
 import socket
 import ssl
 import urllib.error
@@ -28,6 +29,7 @@ from client.embed import EmbedClient
 from gateway.nginx.config import TLS, Gateway, OpenAI, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +124,18 @@ def test_a_client_that_trusts_another_ca_is_refused(gateway, pki):
     assert untrusted.value.status() == "StatusCode.UNAVAILABLE", untrusted.value
     with pytest.raises(openai.APIConnectionError):
         sdk(gateway, pki.other_ca).embeddings.create(model=embedding.ENSEMBLE, input=TEXTS)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_command_line_client_trusts_the_ca_file_it_is_given(gateway, pki, want, protocol):
+    url = gateway.http_url if protocol == "http" else gateway.grpc_url
+    args = ["embed", *TEXTS, "--url", url, "--protocol", protocol, "--ca-file"]
+    done = run_cli(*args, str(pki.ca))
+    assert done.returncode == 0, done.stderr
+    got = [json.loads(line)["embedding"] for line in done.stdout.splitlines()]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    untrusted = run_cli(*args, str(pki.other_ca))
+    assert untrusted.returncode == 1 and "cannot reach Triton" in untrusted.stderr, untrusted
 
 
 def handshake(gateway, pki, context: ssl.SSLContext) -> tuple[str, str]:

@@ -31,6 +31,7 @@ are in docs/isolation.md ("What the tests show").
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -45,13 +46,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client.embed import build_inputs
+from client.connection import API_KEY_ENV, ClientError
+from client.embed import EmbedClient, build_inputs
 from gateway import access_log, shaping
 from gateway.access_log import AccessLogExporter
 from gateway.nginx.config import Clients, Gateway, Shaping, Upstreams
 from gateway.nginx.process import Nginx
 from pipelines import embedding
 from server import Server, ServerConfig
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +78,10 @@ def limits(flood: shaping.Limit, model: shaping.Limit) -> shaping.Limits:
             "anonymous": {"rate": ANONYMOUS_RATE, "capacity": 1},
             "tenants": {
                 "flood": {"keys": [FLOOD_KEY], "rate": flood.rate, "capacity": flood.capacity},
-                "calm": {"keys": [CALM_KEY], "rate": 8, "capacity": 8},
+                # Sent at its rate (CALM_RATE), with room for 4 s of sends that a stalled
+                # machine bunches up: on a busy machine a bucket of 8 refused a catching-up
+                # burst of the calm tenant alone.
+                "calm": {"keys": [CALM_KEY], "rate": 8, "capacity": 32},
                 # Only the model's bucket limits this tenant.
                 "wide": {"keys": [WIDE_KEY], "rate": OPEN.rate, "capacity": OPEN.capacity},
             },
@@ -549,6 +555,26 @@ def test_each_admitted_request_is_timed_by_tenant_and_model(gateway):
     slack = 0.001 * sent
     assert 0 < triton_s <= gateway_s + slack, (triton_s, gateway_s)
     assert gateway_s <= took + slack, (gateway_s, took)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_command_line_client_sends_the_tenants_key(gateway, protocol, monkeypatch):
+    """``python -m client`` with $TRITON_API_KEY is admitted where anonymous is refused."""
+    nginx, _, _ = gateway
+    url = nginx.http_url if protocol == "http" else nginx.grpc_url
+    refused = None
+    with EmbedClient(url, protocol) as anonymous:
+        for i in range(2):  # the anonymous bucket holds one request and gains one a minute
+            try:
+                anonymous.embed([f"anonymous {i}"])
+            except ClientError as exc:
+                refused = str(exc)
+                break
+    assert refused is not None and ("429" in refused or "anonymous" in refused), refused
+    monkeypatch.setenv(API_KEY_ENV, CALM_KEY)
+    done = run_cli("embed", "A man is eating food.", "--url", url, "--protocol", protocol)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["embedding"]) == embedding.HIDDEN_SIZE
 
 
 def metric(
