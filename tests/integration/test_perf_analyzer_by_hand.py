@@ -2,7 +2,7 @@
 
 Every line of the section's shell blocks runs in the repository's root with bash, in order, as a
 reader pastes them: with the ports of ``make serve`` (8000 HTTP, 8001 gRPC) replaced by the
-session server's and ``/tmp/`` by this test's own folder. Each perf_analyzer line gets a short
+test run's server and ``/tmp/`` by this test's own folder. Each perf_analyzer line gets a short
 run appended (one level, half-second windows; perf_analyzer takes the last of an option given
 twice), and must succeed and report a throughput.
 """
