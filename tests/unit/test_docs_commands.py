@@ -45,6 +45,7 @@ import sys
 import threading
 import warnings
 from argparse import ArgumentParser
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,14 +92,24 @@ class Command:
     page: str
 
 
-def _join_continuations(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+def _joined(
+    lines: list[tuple[int, str]],
+    open_after: Callable[[str], str | None],
+    join: Callable[[str, str], str],
+) -> list[tuple[int, str]]:
+    """Lines joined (``join(so_far, next)``) while ``open_after(line)`` says the line goes on.
+
+    ``open_after`` returns the line as it is carried into the next (None: the line is whole);
+    each joined line keeps the number of its first.
+    """
     joined: list[tuple[int, str]] = []
     pending: tuple[int, str] | None = None
     for number, line in lines:
         if pending is not None:
-            number, line = pending[0], pending[1] + " " + line.strip()
-        if line.rstrip().endswith("\\"):
-            pending = (number, line.rstrip()[:-1])
+            number, line = pending[0], join(pending[1], line)
+        carried = open_after(line)
+        if carried is not None:
+            pending = (number, carried)
             continue
         pending = None
         joined.append((number, line))
@@ -107,23 +118,22 @@ def _join_continuations(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return joined
 
 
-def _join_quoted(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """Lines joined while a quote is open (``python -c '...'`` over several lines)."""
-    joined: list[tuple[int, str]] = []
-    pending: tuple[int, str] | None = None
-    for number, line in lines:
-        if pending is not None:
-            number, line = pending[0], pending[1] + "\n" + line
-        try:
-            shlex.split(line)
-        except ValueError:
-            pending = (number, line)
-            continue
-        pending = None
-        joined.append((number, line))
-    if pending is not None:
-        joined.append(pending)
-    return joined
+def _continued(line: str) -> str | None:
+    """A shell line ending in a backslash goes on, without it."""
+    return line.rstrip()[:-1] if line.rstrip().endswith("\\") else None
+
+
+def _space_joined(line: str, more: str) -> str:
+    return f"{line} {more.strip()}"
+
+
+def _quote_open(line: str) -> str | None:
+    """A line with a quote still open (``python -c '...'`` over several lines) goes on."""
+    try:
+        shlex.split(line)
+    except ValueError:
+        return line
+    return None
 
 
 def fenced_blocks(path: Path) -> list[tuple[int, str, list[tuple[int, str]]]]:
@@ -174,7 +184,11 @@ def page_commands(path: Path, root: Path = REPO_ROOT) -> list[Command]:
         fenced_lines.update({body[0][0] - 1, body[-1][0] + 1} if body else set())
         if language not in RUNNABLE:
             continue
-        for number, line in _join_quoted(_join_continuations(body)):
+        for number, line in _joined(
+            _joined(body, _continued, _space_joined),
+            _quote_open,
+            lambda a, b: f"{a}\n{b}",
+        ):
             line = _strip_comment(line.strip().removeprefix("$ "))
             if line:
                 found.append((number, Command(f"{name}:{number}", line, True, name)))
@@ -215,7 +229,7 @@ def docstring_commands() -> list[Command]:
         first = source.index(docstring.splitlines()[0]) if docstring.strip() else 0
         offset = source[:first].count("\n")
         lines = [(offset + i + 1, line) for i, line in enumerate(docstring.splitlines())]
-        for number, line in _join_continuations(lines):
+        for number, line in _joined(lines, _continued, _space_joined):
             text = _strip_comment(line.strip())
             if re.match(r"^(\.venv/bin/)?python -m ", text):
                 commands.append(Command(f"{relative}:{number}", text, True, str(relative)))
