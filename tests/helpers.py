@@ -278,3 +278,20 @@ async def behind_passages(url: str, protocol: str, tag: str, requests: list[list
             *(client.embed(texts) for texts in requests),
             return_exceptions=True,
         )
+
+
+def bash(script: str, cwd: Path | None = None, timeout: float = 60, env=None) -> str:
+    """Run ``script`` as a reader of the docs would: bash, stopping at the first failure.
+
+    Returns its stdout; the test fails with the script and what it printed where it fails.
+    """
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, f"{script}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    return done.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from client.classify import AsyncClassifyClient, ClassifyClient
 from client.connection import ClientError, module
 from pipelines import classification, embedding
 from tests.bad_images import bad_images, png_header
-from tests.helpers import CAT_CLASSES, batched_in_some_burst, run_cli, settled_executions
+from tests.helpers import CAT_CLASSES, bash, batched_in_some_burst, run_cli, settled_executions
 
 pytestmark = pytest.mark.integration
 
@@ -341,11 +340,7 @@ def test_readme_python_classify_example_works(server, photos, tmp_path, monkeypa
 
 def test_readme_curl_embed_example_works(server):
     script = readme_block("curl-embed-example").replace("localhost:8000", server.http_url)
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    [output] = json.loads(done.stdout)["outputs"]
+    [output] = json.loads(bash(script))["outputs"]
     assert output["name"] == embedding.EMBEDDING and output["shape"] == [2, embedding.HIDDEN_SIZE]
     vectors = np.array(output["data"]).reshape(output["shape"])
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
@@ -355,15 +350,7 @@ def test_readme_curl_example_works(server, photos, tmp_path):
     (tmp_path / "samples").mkdir()
     (tmp_path / "samples" / "chelsea.jpg").write_bytes(photos["chelsea"])
     script = readme_block("curl-example").replace("localhost:8000", server.http_url)
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    response = json.loads(done.stdout)
+    response = json.loads(bash(script, cwd=tmp_path))
     outputs = {o["name"]: o["data"] for o in response["outputs"]}
     assert outputs[classification.LABELS][0] in CAT_CLASSES
     assert len(outputs[classification.SCORES]) == classification.DEFAULT_TOP_K

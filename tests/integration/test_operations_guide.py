@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import urllib.request
 
 import pytest
@@ -18,6 +17,7 @@ from client import ClassifyClient, ClientError
 from gateway import access_log
 from paths import REPO_ROOT
 from tests import promql
+from tests.helpers import bash
 
 PAGE = REPO_ROOT / "docs" / "operations.md"
 
@@ -32,15 +32,8 @@ def marked_block(marker: str, language: str) -> str:
 def run_index_call(server, key: str) -> str:
     """The guide's repository-index line, as written but for the address, with KEY set."""
     [line] = [x for x in marked_block("admin-key-curl", "bash").splitlines() if "/index" in x]
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", line.replace("localhost:8000", server.http_url)],
-        env={"PATH": "/usr/bin:/bin", "KEY": key},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    script = line.replace("localhost:8000", server.http_url)
+    return bash(script, env={"PATH": "/usr/bin:/bin", "KEY": key}, timeout=30)
 
 
 def test_the_guides_index_call_lists_the_models_with_the_key(server):

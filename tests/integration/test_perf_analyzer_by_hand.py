@@ -10,11 +10,11 @@ twice), and must succeed and report a throughput.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
 from paths import REPO_ROOT
+from tests.helpers import bash
 
 pytestmark = pytest.mark.integration
 
@@ -61,14 +61,7 @@ def test_the_documented_lines_run_and_report_a_throughput(server, tmp_path):
         if analyzer:
             assert "#" not in line, f"a comment would swallow the short run: {line}"
             command += SHORT_RUN
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", command],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        stdout = bash(command, cwd=REPO_ROOT, timeout=180)
         if analyzer:
-            found = THROUGHPUT.search(done.stdout)
-            assert found and float(found[1]) > 0, f"{command}\n{done.stdout[-2000:]}"
+            found = THROUGHPUT.search(stdout)
+            assert found and float(found[1]) > 0, f"{command}\n{stdout[-2000:]}"
