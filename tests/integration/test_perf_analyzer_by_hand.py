@@ -22,7 +22,7 @@ DOC = REPO_ROOT / "docs" / "performance.md"
 SECTION = "## perf_analyzer by hand"
 WRAPPER = "bench/perf_analyzer"
 SHORT_RUN = (
-    " --concurrency-range 1 --measurement-interval 500 --max-trials 6 --stability-percentage 100"
+    " --concurrency-range 1 --measurement-interval 150 --max-trials 6 --stability-percentage 100"
 )
 THROUGHPUT = re.compile(r"^Concurrency: 1, throughput: ([0-9.]+) infer/sec", re.MULTILINE)
 
