@@ -67,7 +67,7 @@ def test_built_commands_drive_perf_analyzer_against_a_real_endpoint(tmp_path):
     from bench.peers.microbatcher import PeerServer
 
     # Zeros: random FP32 data may hold values that JSON cannot carry.
-    counted = ["--measurement-mode=count_windows", "--measurement-request-count=40"]
+    counted = ["--measurement-mode=count_windows", "--measurement-request-count=10"]
     counted.append("--input-data=zero")
     cases = [
         ("concurrency", 2, "binary", [0]),  # pinned with taskset, binary tensors
