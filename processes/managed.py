@@ -215,6 +215,18 @@ class ManagedProcess:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
+    def answers(self, timeout_s: float = 2.0) -> bool:
+        """True if ``ready_url`` answers at all within ``timeout_s``, ready or not: not hung."""
+        try:
+            with urllib.request.urlopen(
+                self.ready_url, timeout=timeout_s, context=self.ready_context
+            ):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
     def wait_ready(self, timeout: float, stop_requests: StopRequests | None = None) -> None:
         """Poll readiness until ``timeout``; fail early if the process exits or a stop comes."""
         deadline = time.monotonic() + timeout

@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from bench.harness import affinity
 log = logging.getLogger(__name__)
 
 LIBRARIES = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
+# How often a running level asks its ``watch`` whether the server can still be measured.
+WATCH_EVERY_S = 2.0
 
 
 class PerfAnalyzerError(RuntimeError):
@@ -196,17 +199,33 @@ def parse_csv(text: str) -> list[Point]:
     return points
 
 
-def measure(run: Run, level: float, timeout: float = 300.0, retries: int = 1) -> Point:
+def measure(
+    run: Run,
+    level: float,
+    timeout: float = 300.0,
+    retries: int = 1,
+    watch: Callable[[], str | None] | None = None,
+) -> Point:
     """Run one load level and return its point.
 
     A level that does not stabilize (p99 over a short window is noisy on a busy 2-core machine)
     is retried with a window twice as long and a looser stability bound.
 
+    Args:
+        run: what to measure.
+        level: the concurrency or request rate.
+        timeout: seconds before perf_analyzer is given up on.
+        retries: tries left after an unstable one.
+        watch: asked every ``WATCH_EVERY_S`` while perf_analyzer runs; a reason (the server
+            died, or stopped answering) ends the level at once: a hung server then costs its
+            watch's own timeout rather than ``timeout``.
+
     Raises:
-        PerfAnalyzerError: perf_analyzer failed every try; its output attached.
+        PerfAnalyzerError: perf_analyzer failed every try, or ``watch`` gave a reason; its
+            output or that reason attached.
     """
     try:
-        return _measure_once(run, level, timeout)
+        return _measure_once(run, level, timeout, watch)
     except PerfAnalyzerError as exc:
         if retries <= 0 or "stable measurement" not in str(exc):
             raise
@@ -217,29 +236,51 @@ def measure(run: Run, level: float, timeout: float = 300.0, retries: int = 1) ->
         stability_percent=run.stability_percent * 1.5,
         max_trials=run.max_trials + 2,
     )
-    return measure(looser, level, timeout, retries - 1)
+    return measure(looser, level, timeout, retries - 1, watch)
 
 
-def _measure_once(run: Run, level: float, timeout: float) -> Point:
+def _run_watched(
+    cmd: list[str], cwd: str, timeout: float, watch: Callable[[], str | None] | None
+) -> tuple[int, str]:
+    """perf_analyzer's exit status and output; raises once ``timeout`` or ``watch`` ends it."""
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(),
+        cwd=cwd,
+    ) as process:  # fmt: skip
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                output, _ = process.communicate(timeout=max(min(WATCH_EVERY_S, left), 0.01))
+                return process.returncode, output
+            except subprocess.TimeoutExpired:
+                # A server that stops answering must cost one level, not the whole run.
+                trouble = watch() if watch is not None else None
+                if trouble is None and time.monotonic() < deadline:
+                    continue
+                process.kill()
+                process.communicate()
+                if trouble is not None:
+                    raise PerfAnalyzerError(f"perf_analyzer stopped: {trouble}") from None
+                raise PerfAnalyzerError(
+                    f"perf_analyzer hung: no result after {timeout:.0f} s"
+                ) from None
+
+
+def _measure_once(
+    run: Run, level: float, timeout: float, watch: Callable[[], str | None] | None = None
+) -> Point:
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "out.csv"
         cmd = run.command(csv_path, level)
         log.debug("%s", " ".join(cmd))
-        try:
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, env=environment(), timeout=timeout, cwd=tmp
-            )
-        except subprocess.TimeoutExpired:
-            # A server that stops answering must cost one level, not the whole run.
-            raise PerfAnalyzerError(
-                f"perf_analyzer hung: no result after {timeout:.0f} s"
-            ) from None
-        if done.returncode != 0 or not csv_path.exists():
-            lines = (done.stdout + done.stderr).splitlines()
+        returncode, output = _run_watched(cmd, tmp, timeout, watch)
+        if returncode != 0 or not csv_path.exists():
+            lines = output.splitlines()
             # The cause is the first line for argument errors and the last ones otherwise.
             shown = lines if len(lines) <= 12 else [*lines[:3], "...", *lines[-8:]]
             message = "\n".join(shown)
-            raise PerfAnalyzerError(f"perf_analyzer failed ({done.returncode}): {message}")
+            raise PerfAnalyzerError(f"perf_analyzer failed ({returncode}): {message}")
         points = parse_csv(csv_path.read_text())
     if len(points) != 1:
         raise PerfAnalyzerError(f"expected one CSV row, got {len(points)}")

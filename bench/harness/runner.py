@@ -202,7 +202,12 @@ class Runner:
             tokens_before = counts() if counts else None
             cpu_before = process_cpu(triton.server.process.pid) if triton else {}
             started = time.monotonic_ns()
-            point = perf_analyzer.measure(run, case.level, timeout=self.plan.case_timeout_s)
+            # The server watched while it is measured: a hang costs watch()'s wait, not the
+            # case's timeout.
+            watch = triton.watch if triton is not None else None
+            point = perf_analyzer.measure(
+                run, case.level, timeout=self.plan.case_timeout_s, watch=watch
+            )
             window = (started, time.monotonic_ns())
             if triton:
                 cpu_after = process_cpu(triton.server.process.pid)

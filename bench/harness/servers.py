@@ -243,6 +243,17 @@ class TritonUnderTest:
             )
         return None
 
+    def watch(self, timeout_s: float = 10.0) -> str | None:
+        """While a case runs: why to end it now (the server exited, or answers nothing), else None.
+
+        Only silence counts here: a server that answers, even "not ready", is left to its case.
+        """
+        if self.running() and not self._hung:
+            if self.server.answers(timeout_s):
+                return None
+            self._hung = True
+        return self.trouble(timeout_s)
+
     def _log(self) -> Path | None:
         return self.server.log_path if self.server else None
 

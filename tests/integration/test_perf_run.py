@@ -100,10 +100,12 @@ def test_a_server_that_dies_or_hangs_mid_case_costs_that_case_only(
     assert runner.restarts == 2 and set(hit) == {"SIGKILL", "SIGSTOP"}
     # Nothing of the two replaced servers runs on (their stubs were swept).
     assert all(guard.group_members(pid) == [] for pid in hit.values())
-    # The killed case ended promptly, before its timeout (no client waited on sockets the
-    # orphans held; the server is replaced after its tick); the hung one at the case timeout.
+    # Both ended promptly, before the case timeout: the killed case as no client waited on
+    # sockets the orphans held (the server is replaced after its tick), the hung one as the
+    # server watched during the case answered nothing for watch()'s 10 s.
     ticks = [t for t, line in lines if line.startswith("[")]
     assert ticks[1] - ticks[0] < runner.plan.case_timeout_s, text
+    assert ticks[3] - ticks[2] < runner.plan.case_timeout_s, text
     assert took < 300, text
 
     runner.write_csv()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,30 @@ def test_built_commands_drive_perf_analyzer_against_a_real_endpoint(tmp_path):
             assert point.level == level and point.throughput > 0 and point.p99_ms > 0, mode
     with pytest.raises(ValueError):
         perf_analyzer.Run("m", "u", mode="bogus").command(Path("o"), 1)
+
+
+def test_a_watched_level_ends_as_soon_as_its_watch_gives_a_reason(tmp_path):
+    """The harness watches its server while a case runs: a hung one costs the watch's own wait,
+    not the case's timeout (tests/integration/test_perf_run.py hangs a real tritonserver)."""
+    from bench.peers.microbatcher import PeerServer
+
+    asked = []
+
+    def watch():
+        asked.append(time.monotonic())
+        return None if len(asked) < 2 else "the server hangs"
+
+    with PeerServer(None, port=0, log_path=tmp_path / "peer.log") as peer:
+        # One-minute windows: nothing ends this level soon but its watch.
+        run = perf_analyzer.Run(
+            classification.CLASSIFIER, peer.url, "http", measurement_ms=60_000,
+            stability_percent=1000, extra=["--input-data=zero"],
+        )  # fmt: skip
+        started = time.monotonic()
+        with pytest.raises(perf_analyzer.PerfAnalyzerError) as raised:
+            perf_analyzer.measure(run, 1, timeout=150, watch=watch)
+    assert str(raised.value) == "perf_analyzer stopped: the server hangs"
+    assert len(asked) == 2 and asked[-1] - started < 30
 
 
 def _stats(inferences, executions, batches, success_ns, queue_ns=0, compute_ns=0):
