@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import scrape
+from tests.helpers import scrape, stop_together
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +145,7 @@ def compare(service_name: str, out: Path) -> None:
             "shed": stack.enter_context(Server(shed_config)),
             "control": stack.enter_context(Server(bare)),
         }
+        stack.callback(stop_together, *servers.values())
         control = servers["control"]
         with grpc.InferenceServerClient(control.grpc_url) as admin:
             headers = control.admin_headers("grpc")

@@ -32,6 +32,7 @@ from gateway.nginx.config import (
 from gateway.nginx.process import Nginx
 from pipelines import embedding
 from server import Server, ServerConfig
+from tests.helpers import stop_together
 
 pytestmark = pytest.mark.integration
 
@@ -112,8 +113,7 @@ class Cluster:
             time.sleep(0.05)
 
     def stop_all(self) -> None:
-        for server in self.servers.values():
-            server.stop()
+        stop_together(*self.servers.values())
 
 
 def embed_stats(server: Server) -> dict[str, int]:

@@ -19,7 +19,7 @@ import redis
 
 from pipelines import text_cache
 from server.redis import RedisServer
-from tests.helpers import encoder_alone
+from tests.helpers import encoder_alone, stop_together
 
 pytestmark = pytest.mark.integration
 
@@ -245,6 +245,7 @@ def replicas(encoder_onnx):
                 extra_args=["--model-control-mode=explicit", "--load-model=embed"],
             )  # fmt: skip
             servers.append(stack.enter_context(Server(config)))
+        stack.callback(stop_together, *servers)
         nginx = stack.enter_context(Nginx(Gateway(Upstreams.of(*servers))))
         state = {"redis": cache_server, "servers": servers, "nginx": nginx}
         # A test that restarts Redis puts the new one here: it is stopped with the rest.
