@@ -22,13 +22,15 @@ conventions of tests/gpu_check.py:
   ``tokenize_encode`` formed meanwhile; and the served answers' cosine to the reference (the
   one beside the tokenizer file the served step reads).
 
-``Plan.smoke()`` runs all of it on a CPU in seconds (tests/integration/test_gpu_text.py).
+``Plan.smoke()`` runs all of it on a CPU in seconds: packed and in process in
+tests/integration/test_gpu_text.py, served in the diagnostic's rehearsal (test_gpu_diag.py).
 Without a bundle the step reads the package and the reference is computed here. Only the
 standard library is imported at module level: on the GPU host the rest comes from the bundle.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -82,8 +84,12 @@ def _files(bundle_dir: Path | None) -> tuple[str | None, str | None]:
     return str((folder / COMPACT).resolve()), str((folder / TOKENIZER).resolve())
 
 
+@functools.cache
 def make_reference() -> dict:
-    """The sample texts with the fp32 ONNX encoder's vectors, and the load's two text sets."""
+    """The sample texts with the fp32 ONNX encoder's vectors, and the load's two text sets.
+
+    Made once per process (read, never changed): the diagnosis wants it twice.
+    """
     from bench.harness import inputs
     from export import minilm, text_samples
 

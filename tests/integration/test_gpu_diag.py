@@ -18,6 +18,8 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
 
+MIN_COSINE_FP32 = 0.99999  # torch fp32 against the fp32 ONNX encoder: summation order only
+
 
 @pytest.mark.timeout(900)
 def test_gpu_diag_smoke_runs_every_phase_on_the_cpu(tmp_path, classifier_onnx):
@@ -47,5 +49,20 @@ def test_gpu_diag_smoke_runs_every_phase_on_the_cpu(tmp_path, classifier_onnx):
         answers = report["answers"][model]
         assert answers["top1_equal_in_process"] == 1.0, answers
         assert answers["top1_equal_cpu_pipeline"] == 1.0, answers
+    # The text service on the same server, with the text run's smoke plan (fp32 here: the
+    # package's weights, no bundle), as tests/gpu_text.py's own run measures it.
+    text = report["text"]
+    assert text["in_process"]["cosine_min"] >= MIN_COSINE_FP32, text["in_process"]
+    assert set(text["in_process"]["texts_per_s"]) == {"short 4", "mixed 4"}
+    served = text["served"]
+    assert not served["notes"] and served["cosine_min"] >= MIN_COSINE_FP32, served
+    assert [(r["texts"], r["concurrency"]) for r in served["levels"]] == [
+        ("short", 2),
+        ("mixed", 2),
+    ]
+    for row in served["levels"]:
+        assert row["texts_per_s"] > 0 and row["avg_batch"] >= 1 and row["batch_histogram"], row
+        assert row["cache_hits"] == 0, row
+    assert (out / "embed-short.json").exists() and (out / "embed-mixed.json").exists()
     assert set(report["log_signs"]) == {"server1", "server2"}
     assert (out / "server1.log").exists() and (out / "gpu-diag.md").read_text().count("| V") >= 3
