@@ -92,12 +92,23 @@ def test_asyncio_clients_under_concurrency(server, reference, photos, protocol):
         assert_matches_reference(predictions, reference, [photos[name]])
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_top_5_equals_the_raw_pipeline_on_216_images_made_from_the_photos(server, reference, model):
-    """Crops, rescales, rotations and mirror images (export.samples.variants), 8 at a time."""
+@pytest.fixture(scope="module")
+def variants_top_5(reference):
+    """The images made from the photos with the raw pipeline's top-5 of each: made once for
+    both models (a few seconds of decoding and inference)."""
     from export import samples
 
     made = samples.variants()
+    _, _, want = reference.classify([data for _, data in made], classification.DEFAULT_TOP_K)
+    return made, want
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_top_5_equals_the_raw_pipeline_on_216_images_made_from_the_photos(
+    server, variants_top_5, model
+):
+    """Crops, rescales, rotations and mirror images (export.samples.variants), 8 at a time."""
+    made, want = variants_top_5
     assert len(made) >= 200
 
     async def classify_all():
@@ -111,7 +122,6 @@ def test_top_5_equals_the_raw_pipeline_on_216_images_made_from_the_photos(server
             return await asyncio.gather(*(one(data) for _, data in made))
 
     served = asyncio.run(classify_all())
-    _, _, want = reference.classify([data for _, data in made], classification.DEFAULT_TOP_K)
     differ = [
         name
         for (name, _), (got,), ids in zip(made, served, want, strict=True)
