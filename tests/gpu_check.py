@@ -100,6 +100,19 @@ __attribute__((visibility("default"))) const struct stub SYMBOL = {
 """
 
 
+# A --smoke run rehearses on a CPU that other work may share: torch's OpenMP threads meet at
+# a barrier in every op, so one thread waiting for a busy core holds up the others. One thread
+# per process (this one, its server's stubs): measured in docs/gpu.md#rehearsed-on-this-cpu.
+SMOKE_ENVIRONMENT = {"OMP_NUM_THREADS": "1"}
+
+
+def smoke_environment(smoke: bool) -> None:
+    """Before anything imports torch: ``SMOKE_ENVIRONMENT`` for a ``--smoke`` run (unless set)."""
+    if smoke:
+        for key, value in SMOKE_ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
+
+
 def server_parts(python: str) -> tuple[str, ...]:
     """The parts of the bundled tritonserver a Python-backend run needs (stub for ``python``)."""
     return (
@@ -880,6 +893,7 @@ def main(argv: list[str] | None = None) -> int:
         bundle(args.out, args.python)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    smoke_environment(args.smoke)
     if args.bundle is not None and not args.prepared:
         return run_prepared("tests.gpu_check", args)
     report = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan(), tuple(args.model))

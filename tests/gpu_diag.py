@@ -196,6 +196,7 @@ def host_facts() -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "(unset: lazy from 12.2)"),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch_threads": torch.get_num_threads(),
     }
     if shutil.which("nvidia-smi"):
         query = "--query-gpu=driver_version,persistence_mode,compute_mode,clocks.max.sm"
@@ -914,6 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_check.add_run_arguments(sub.add_parser("run", help="diagnose (GPU host; --smoke: CPU)"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    gpu_check.smoke_environment(args.smoke)
     if args.bundle is not None and not args.prepared:
         return gpu_check.run_prepared("tests.gpu_diag", args)
     results = run(args.bundle, args.out, Plan.smoke() if args.smoke else Plan())

@@ -9,6 +9,7 @@ end to end before it gets them. The figures of a CPU run mean nothing; the plumb
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -30,6 +31,8 @@ def test_gpu_diag_smoke_runs_every_phase_on_the_cpu(tmp_path, classifier_onnx):
     report = json.loads((out / "gpu-diag.json").read_text())
     assert not [n for n in report["notes"] if n.startswith("failed")], report["notes"]
     assert report["host"]["device"] == "cpu" and "tensorrt" in report["host"]
+    # One OpenMP thread: a rehearsal on a shared CPU (tests/gpu_check.SMOKE_ENVIRONMENT).
+    assert report["host"]["torch_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))
     assert report["cold"]["sizes"] and report["cold"]["without_cudnn"]
     assert report["ipc"] == {"skipped": "no GPU"}
     assert all(row["chain"] > 0 for row in report["ceiling"].values())
