@@ -185,6 +185,10 @@ def test_a_grpc_classify_call_is_one_trace_with_its_steps_in_order(
 def test_the_gateway_starts_a_trace_where_the_client_sent_none_and_logs_its_id(
     traced, gateway, receiver, photos
 ):
+    def log_lines() -> list[dict]:
+        return [json.loads(x) for x in gateway.access_log.read_text().splitlines()]
+
+    logged_before = len(log_lines())
     body = {"model": embedding.ENSEMBLE, "input": ["a trace that starts at the gateway"]}
     url = f"http://{gateway.http_url}/v1/embeddings"
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -197,11 +201,16 @@ def test_the_gateway_starts_a_trace_where_the_client_sent_none_and_logs_its_id(
     header, client_trace, _ = traceparent()
     answer = requests.post(url, json=body, headers={**headers, "traceparent": header}, timeout=30)
     assert answer.status_code == 200
-    lines = [json.loads(x) for x in gateway.access_log.read_text().splitlines()]
-    logged = [line["trace_id"] for line in lines[-4:]]
-    assert logged[3] == client_trace
-    assert len(set(logged)) == 4
-    for trace_id in logged[:3]:
+    # nginx writes a request's line after its answer has gone: the client can read the log
+    # before the last line is there.
+    deadline = time.monotonic() + 10
+    while len(lines := log_lines()) < logged_before + 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    logged = [line["trace_id"] for line in lines[logged_before:]]
+    assert len(logged) == 4 and client_trace in logged, (logged, client_trace)
+    started = [trace_id for trace_id in logged if trace_id != client_trace]
+    assert len(set(started)) == 3
+    for trace_id in started:
         assert len(trace_id) == 32 and int(trace_id, 16) != 0
         spans = receiver.wait_for(
             lambda s: "InferRequest" in {x.name for x in s}, trace_id=trace_id
