@@ -205,27 +205,25 @@ class ManagedProcess:
     # urllib does, against the system's CAs).
     ready_context: ssl.SSLContext | None = None
 
-    def is_ready(self, timeout_s: float = 2.0) -> bool:
-        """True if ``ready_url`` answers 200 within ``timeout_s``."""
+    def _ready_status(self, timeout_s: float) -> int | None:
+        """The HTTP status ``ready_url`` answers within ``timeout_s``; None if nothing answers."""
         try:
             with urllib.request.urlopen(
                 self.ready_url, timeout=timeout_s, context=self.ready_context
             ) as response:
-                return response.status == 200
+                return response.status
+        except urllib.error.HTTPError as error:  # an answer, only not a 2xx one
+            return error.code
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+            return None
+
+    def is_ready(self, timeout_s: float = 2.0) -> bool:
+        """True if ``ready_url`` answers 200 within ``timeout_s``."""
+        return self._ready_status(timeout_s) == 200
 
     def answers(self, timeout_s: float = 2.0) -> bool:
         """True if ``ready_url`` answers at all within ``timeout_s``, ready or not: not hung."""
-        try:
-            with urllib.request.urlopen(
-                self.ready_url, timeout=timeout_s, context=self.ready_context
-            ):
-                return True
-        except urllib.error.HTTPError:
-            return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return self._ready_status(timeout_s) is not None
 
     def wait_ready(self, timeout: float, stop_requests: StopRequests | None = None) -> None:
         """Poll readiness until ``timeout``; fail early if the process exits or a stop comes."""

@@ -268,7 +268,7 @@ def _run_watched(
 
 
 def _measure_once(
-    run: Run, level: float, timeout: float, watch: Callable[[], str | None] | None = None
+    run: Run, level: float, timeout: float, watch: Callable[[], str | None] | None
 ) -> Point:
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "out.csv"
