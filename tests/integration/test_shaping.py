@@ -12,7 +12,7 @@ under the unshaped one, and the tests assert what shaping promises:
 
 * the shaped flood is admitted its capacity plus its rate times the time it sent, and the rest
   is refused; the unshaped one is refused nothing (the control really is unshaped);
-* the calm tenant is refused nothing, and its p99 under the shaped flood is at most half its p99
+* the calm tenant is refused nothing, and its p90 under the shaped flood is at most half its p90
   under the unshaped flood (SHAPED_FRACTION). With shaping off both arms carry the same load and
   that ratio is about 1; shaped, the servers see a tenth of the flood;
 * the same for one model flooded past its per-model limit, with another model alongside, whose
@@ -100,9 +100,12 @@ EXTRA_ARGS = [
     f"--load-model={INT8}",
 ]
 # The calm tenant's requests take long enough (8 texts) that a few milliseconds of a busy
-# machine do not move their p99, and 40 of them in SEND_S make a p99 that one stray slow
-# answer does not decide. The flood's are smaller (four texts) and many: ten times its buckets'
-# rate, so that unshaped it is far more than the servers can take and shaped a tenth of that.
+# machine do not move their tail. Its tail is the p90 of the 40 sent in SEND_S, which sets the
+# four slowest aside: their p99 is their slowest answer, and one answer held up by a stall of the
+# busy core decided it in a CI run. Flood and calm share `embed` in the tenant case, so unshaped
+# far more than four of them wait behind the flood (the figures: docs/isolation.md, "What the
+# tests show"). The flood's are smaller (four texts) and many: ten times its buckets' rate, so
+# that unshaped it is far more than the servers can take and shaped a tenth of that.
 # Two texts were not enough: 400 texts/s came near what the two servers take on a fast day,
 # and the unshaped control then barely slowed the calm tenant (docs/isolation.md).
 CALM_TEXTS = 8
@@ -114,7 +117,7 @@ FLOOD_FACTOR = 10  # the flood's rate over its bucket's
 FLOOD_WORKERS = 64
 SEND_S = 5.0
 WARMUP_S = 2.0  # the flood's first burst is served before the calm tenant is measured
-# Shaping off, the calm tenant's p99 is the same in both arms up to noise (a ratio about 1);
+# Shaping off, the calm tenant's p90 is the same in both arms up to noise (a ratio about 1);
 # half leaves room for that noise on either side.
 SHAPED_FRACTION = 0.5
 # A flood that only shares the cores slows every calm request a little, not a few of them a
@@ -196,6 +199,9 @@ class Outcomes:
 
     def p99(self) -> float:
         return float(np.percentile(self.latencies_ms, 99))
+
+    def p90(self) -> float:
+        return float(np.percentile(self.latencies_ms, 90))
 
     def p50(self) -> float:
         return float(np.median(self.latencies_ms))
@@ -299,18 +305,18 @@ class Run:
     unshaped_calm: Outcomes
 
     def ratios(self) -> dict[str, float]:
-        """The calm tenant's p99 under each flood, over its p99 alone and over each other; and
+        """The calm tenant's p90 under each flood, over its p90 alone and over each other; and
         the share of the unshaped flood's slowdown of its median left under the shaped one."""
         alone, shaped, unshaped = (
-            o.p99() for o in (self.alone, self.shaped_calm, self.unshaped_calm)
+            o.p90() for o in (self.alone, self.shaped_calm, self.unshaped_calm)
         )
         alone_p50, shaped_p50, unshaped_p50 = (
             o.p50() for o in (self.alone, self.shaped_calm, self.unshaped_calm)
         )
         return {
-            "shaped/alone": shaped / alone,
-            "unshaped/alone": unshaped / alone,
-            "shaped/unshaped": shaped / unshaped,
+            "p90 shaped/alone": shaped / alone,
+            "p90 unshaped/alone": unshaped / alone,
+            "p90 shaped/unshaped": shaped / unshaped,
             # What the shaped flood adds to the calm median, over what the unshaped one adds.
             "p50 slowdown left": (shaped_p50 - alone_p50) / max(unshaped_p50 - alone_p50, 1e-9),
         }
@@ -359,7 +365,7 @@ def admitted_bounds(limit: shaping.Limit, out: Outcomes) -> tuple[float, float]:
 def check(run: Run, limit: shaping.Limit, shares_step: bool = True) -> None:
     """Shaping's promises, each against the unshaped control of the same run.
 
-    ``shares_step``: flood and calm queue in the same step, so the calm tenant's p99 must drop
+    ``shares_step``: flood and calm queue in the same step, so the calm tenant's p90 must drop
     to half the unshaped control's (SHAPED_FRACTION). Where they run in separate stubs (INT8
     and fp32, each its own tokenize_encode version) the unshaped flood only shares the cores
     with the calm tenant and moved its p99 too little to halve (docs/isolation.md); there, at
@@ -367,11 +373,15 @@ def check(run: Run, limit: shaping.Limit, shares_step: bool = True) -> None:
     """
     ratios = run.ratios()
     log.info(
-        "calm p99: alone %.1f ms, shaped %.1f ms, unshaped %.1f ms; p50 %.1f, %.1f, %.1f ms; "
-        "%s; flood shaped %d sent, %d answered, %d refused; unshaped %d sent, %d answered",
+        "calm (alone, shaped, unshaped): p99 %.1f, %.1f, %.1f ms; p90 %.1f, %.1f, %.1f ms; "
+        "p50 %.1f, %.1f, %.1f ms; %s; flood shaped %d sent, %d answered, %d refused; "
+        "unshaped %d sent, %d answered",
         run.alone.p99(),
         run.shaped_calm.p99(),
         run.unshaped_calm.p99(),
+        run.alone.p90(),
+        run.shaped_calm.p90(),
+        run.unshaped_calm.p90(),
         run.alone.p50(),
         run.shaped_calm.p50(),
         run.unshaped_calm.p50(),
@@ -396,7 +406,7 @@ def check(run: Run, limit: shaping.Limit, shares_step: bool = True) -> None:
         assert out.refused == 0
     assert run.unshaped_flood.refused == 0  # the control really is unshaped
     if shares_step:
-        assert ratios["shaped/unshaped"] <= SHAPED_FRACTION, ratios
+        assert ratios["p90 shaped/unshaped"] <= SHAPED_FRACTION, ratios
     else:
         # The control must slow the calm tenant clearly, or the share of its slowdown left is
         # a ratio of noise: 4.5x was measured (docs/isolation.md).
