@@ -4,7 +4,7 @@ A real tritonserver traces every request (rate 1) to an OTLP receiver built on
 opentelemetry-proto (``monitoring.traces``); the real nginx gateway sits in front. A client's
 W3C ``traceparent`` must become the trace of its request inside the server, with the ensemble,
 each composing step, its compute and the Python steps' own phases under one another, each
-inside its parent's time and all inside the time the client waited. Without a client
+inside its parent's time, the request's own span opening while the client waited. Without a client
 ``traceparent`` the gateway starts a trace and writes its id into its access log. With tracing
 off the server traces nothing, and with the receiver gone requests still succeed.
 """
@@ -106,6 +106,17 @@ def assert_inside(child: traces.Span, parent: traces.Span) -> None:
     assert parent.start_ns - SLACK_NS <= child.start_ns <= child.end_ns <= parent.end_ns + SLACK_NS
 
 
+def assert_opened_during_the_call(request: traces.Span, started_ns: int, answered_ns: int):
+    """The request's span opens while its client waits: after the call began, before its answer.
+
+    It closes when Triton releases the request, the end of its trace (tracer.cc ends the root
+    span in the trace's destructor), which can follow the answer (docs/operations.md, "What each
+    span is"), so the client's wait is no bound on the span's duration.
+    """
+    assert started_ns - SLACK_NS <= request.start_ns <= answered_ns + SLACK_NS
+    assert request.end_ns <= time.time_ns() + SLACK_NS  # ended before it reached the receiver
+
+
 def assert_whole(
     spans: list[traces.Span], ensemble: str, steps: list[str], phases: dict[str, set[str]]
 ) -> traces.Span:
@@ -136,7 +147,7 @@ def test_an_openai_embeddings_call_is_one_trace_down_to_the_steps_phases(traced,
     )
     started = time.time_ns()
     answer = sdk.embeddings.create(model=embedding.ENSEMBLE, input=["where did the time go?"])
-    waited = time.time_ns() - started
+    answered = time.time_ns()
     assert len(answer.data[0].embedding) == embedding.HIDDEN_SIZE
     steps = steps_of(traced, OPENAI_EMBED)
     spans = receiver.wait_for(
@@ -153,7 +164,7 @@ def test_an_openai_embeddings_call_is_one_trace_down_to_the_steps_phases(traced,
     request = assert_whole(spans, OPENAI_EMBED, steps, phases)
     assert request.parent_id == client_span  # the client's span is the server's parent
     assert request.resource["service.version"] == "test"
-    assert request.duration_s * 1e9 <= waited
+    assert_opened_during_the_call(request, started, answered)
 
 
 def test_a_grpc_classify_call_is_one_trace_with_its_steps_in_order(
@@ -166,7 +177,7 @@ def test_a_grpc_classify_call_is_one_trace_with_its_steps_in_order(
         result = client.infer(
             classification.ENSEMBLE, [tensor], headers={"traceparent": header, "x-api-key": KEY}
         )
-    waited = time.time_ns() - started
+    answered = time.time_ns()
     assert result.as_numpy(classification.LABELS).shape[0] == 1
     steps = steps_of(traced, classification.ENSEMBLE)
     spans = receiver.wait_for(
@@ -176,7 +187,7 @@ def test_a_grpc_classify_call_is_one_trace_with_its_steps_in_order(
         spans, classification.ENSEMBLE, steps, {classification.PREPROCESS: {"decode"}}
     )
     assert request.parent_id == client_span
-    assert request.duration_s * 1e9 <= waited
+    assert_opened_during_the_call(request, started, answered)
     # The steps ran one after the other, in the ensemble's order.
     starts = [one(spans, step).start_ns for step in steps]
     assert starts == sorted(starts)
